@@ -1,0 +1,19 @@
+"""sbplab: OneFlow-style SBP parallelism you can read, run and see.
+
+    import sbplab as sl
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    x = sl.tensor(torch.randn(8, 6), placement=mesh, sbp="S(0), S(1)")
+"""
+
+from __future__ import annotations
+
+from .layout import assemble, balanced_sizes, local_block, local_shape, shard, split_range
+from .placement import Placement
+from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
+from . import ops  # noqa: F401  (registers every op)
+
+__all__ = [
+    "B", "Broadcast", "P", "Partial", "Placement", "S", "Split",
+    "assemble", "balanced_sizes", "fmt_sbp", "local_block", "local_shape", "parse_sbp", "shard",
+    "split_range",
+]

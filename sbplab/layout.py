@@ -1,0 +1,143 @@
+"""Which block of a tensor each rank holds: balanced splits, local shapes, shard and assemble.
+
+These few functions are the single source of truth for SBP layout; the eager tensors, the boxing
+executor, the op checker and the pictures all call them.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from .placement import Placement
+from .sbp import Broadcast, NdSbp, Partial, Split, fmt_sbp
+
+Block = tuple[tuple[int, int], ...]  # per tensor dim: [start, stop)
+
+
+def balanced_sizes(n: int, parts: int) -> list[int]:
+    """OneFlow's balanced splitter: the first ``n % parts`` parts get one element more."""
+    q, r = divmod(n, parts)
+    return [q + 1 if i < r else q for i in range(parts)]
+
+
+def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, stop) of piece ``index`` when ``n`` elements are split into ``parts``."""
+    q, r = divmod(n, parts)
+    start = index * q + min(index, r)
+    return start, start + q + (1 if index < r else 0)
+
+
+class LayoutError(ValueError):
+    """A tensor cannot have this SBP on this placement (e.g. a dim smaller than its parts)."""
+
+
+def check_layout(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp,
+                 what: str = "tensor") -> None:
+    """Raise a LayoutError naming ``what`` if some split leaves a rank with an empty piece."""
+    if len(nd_sbp) != placement.ndim:
+        raise LayoutError(
+            f"{what}: SBP {fmt_sbp(nd_sbp)} has {len(nd_sbp)} entries for a {placement.ndim}-D mesh"
+        )
+    sizes = list(shape)
+    # the smallest piece a dim reaches is the last piece at every level; balanced splits keep
+    # every piece >= floor(n/p), so checking the floor chain is exact.
+    for axis, x in enumerate(nd_sbp):
+        if isinstance(x, Split):
+            if x.dim >= len(shape) or x.dim < 0:
+                raise LayoutError(
+                    f"{what}: {x} on mesh axis {axis} does not fit a {len(shape)}-D tensor "
+                    f"of shape {tuple(shape)}; valid dims are 0..{len(shape) - 1}"
+                )
+            parts = placement.shape[axis]
+            if sizes[x.dim] < parts:
+                raise LayoutError(
+                    f"{what}: dim {x.dim} has {sizes[x.dim]} elements at mesh axis {axis} "
+                    f"(shape {tuple(shape)}, SBP {fmt_sbp(nd_sbp)}) but must be split into {parts} "
+                    f"parts; empty shards are not allowed, so use B or split a larger dim"
+                )
+            sizes[x.dim] //= parts
+
+
+def local_block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> Block:
+    """The global index ranges rank ``rank`` holds (mesh axis 0 splits first)."""
+    coords = placement.coords(rank)
+    block = [(0, n) for n in shape]
+    for axis, x in enumerate(nd_sbp):
+        if isinstance(x, Split):
+            s, e = block[x.dim]
+            a, b = split_range(e - s, placement.shape[axis], coords[axis])
+            block[x.dim] = (s + a, s + b)
+    return tuple(block)
+
+
+def local_shape(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> tuple[int, ...]:
+    return tuple(e - s for s, e in local_block(shape, placement, nd_sbp, rank))
+
+
+def block_slices(block: Block) -> tuple[slice, ...]:
+    return tuple(slice(s, e) for s, e in block)
+
+
+def partial_fill(op: str, like: torch.Tensor) -> torch.Tensor:
+    """The identity of a reduce op: 0 for sum, -inf/+inf (or the int extremes) for max/min."""
+    if op == "sum":
+        return torch.zeros_like(like)
+    if like.dtype.is_floating_point:
+        v = float("-inf") if op == "max" else float("inf")
+    else:
+        info = torch.iinfo(like.dtype)
+        v = info.min if op == "max" else info.max
+    return torch.full_like(like, v)
+
+
+def holds_value(placement: Placement, nd_sbp: NdSbp, rank: int) -> bool:
+    """Under ``P`` only coordinate 0 of each partial-sum axis keeps the value; the rest hold zeros."""
+    coords = placement.coords(rank)
+    return all(coords[a] == 0 for a, x in enumerate(nd_sbp) if isinstance(x, Partial) and x.op == "sum")
+
+
+def shard(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp, what: str = "tensor") -> dict[int, torch.Tensor]:
+    """Cut a full value into one local tensor per rank (P: rank 0 keeps it, the others get zeros)."""
+    check_layout(full.shape, placement, nd_sbp, what)
+    out: dict[int, torch.Tensor] = {}
+    for rank in placement.rank_list:
+        piece = full[block_slices(local_block(full.shape, placement, nd_sbp, rank))].clone()
+        if not holds_value(placement, nd_sbp, rank):
+            piece = torch.zeros_like(piece)
+        out[rank] = piece
+    return out
+
+
+def reduce_tensors(op: str, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    out = xs[0].clone()
+    for x in xs[1:]:
+        if op == "sum":
+            out = out + x
+        elif op == "max":
+            out = torch.maximum(out, x)
+        else:
+            out = torch.minimum(out, x)
+    return out
+
+
+def assemble(shards: Mapping[int, torch.Tensor], placement: Placement, nd_sbp: NdSbp) -> torch.Tensor:
+    """The full value of a sharded tensor: reduce partial axes, concatenate split axes.
+
+    Works from the last mesh axis back to the first, so each level rebuilds the piece its parent
+    axis left, which is exactly the nested meaning of n-D SBP.
+    """
+    level: dict[tuple[int, ...], torch.Tensor] = {placement.coords(r): t for r, t in shards.items()}
+    for axis in reversed(range(placement.ndim)):
+        x = nd_sbp[axis]
+        parents: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for c in sorted(level):
+            parents.setdefault(c[:axis], []).append(level[c])
+        if isinstance(x, Split):
+            level = {k: torch.cat(v, dim=x.dim) for k, v in parents.items()}
+        elif isinstance(x, Broadcast):
+            level = {k: v[0] for k, v in parents.items()}
+        else:
+            level = {k: reduce_tensors(x.op, v) for k, v in parents.items()}
+    return level[()]

@@ -1,0 +1,261 @@
+"""The op registry: every op is declared once, and every layer (eager, compiler, runtime) reads it.
+
+An ``OpDef`` says how to infer output shapes, which 1-D SBP signatures the op accepts, how to run
+it on local shards, and what it costs. n-D signatures are the product of the 1-D lists over mesh
+axes, kept only where every rank's local shapes agree with what the SBPs promise; the all-B
+signature is always added. That local-shape check is what rejects products that do not nest
+(two mesh axes splitting one dimension of one input but not of another).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..layout import Block, local_block
+from ..placement import Placement
+from ..sbp import B, NdSbp, SbpParallel, fmt_sbp, normalize_split
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of a tensor, all the registry needs to reason about it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(tuple(t.shape), t.dtype)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A 1-D SBP signature: one SBP per input and per output, on one mesh axis."""
+
+    inputs: tuple[SbpParallel, ...]
+    outputs: tuple[SbpParallel, ...]
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(repr, self.inputs))
+        outs = ", ".join(map(repr, self.outputs))
+        return f"{ins} -> {outs}"
+
+
+@dataclass(frozen=True)
+class NdSignature:
+    """An n-D signature: one n-D SBP per input and per output."""
+
+    inputs: tuple[NdSbp, ...]
+    outputs: tuple[NdSbp, ...]
+
+    def __repr__(self) -> str:
+        ins = ", ".join(fmt_sbp(x) for x in self.inputs)
+        outs = ", ".join(fmt_sbp(x) for x in self.outputs)
+        return f"{ins} -> {outs}"
+
+
+@dataclass(frozen=True)
+class LocalContext:
+    """What a kernel may need to know about its shard: the global blocks of inputs and outputs."""
+
+    in_metas: tuple[TensorMeta, ...]  # global
+    out_metas: tuple[TensorMeta, ...]  # global
+    in_blocks: tuple[Block, ...]
+    out_blocks: tuple[Block, ...]
+    signature: NdSignature
+
+
+InferFn = Callable[[Sequence[TensorMeta], dict], list[TensorMeta]]
+SignaturesFn = Callable[[Sequence[TensorMeta], dict], list[Signature]]
+KernelFn = Callable[[Sequence[torch.Tensor], dict], Sequence[torch.Tensor]]
+FlopsFn = Callable[[Sequence[TensorMeta], Sequence[TensorMeta], dict], int]
+LocalizeFn = Callable[[dict, LocalContext], dict]
+
+
+def _no_localize(attrs: dict, ctx: LocalContext) -> dict:
+    return attrs
+
+
+def _zero_flops(ins: Sequence[TensorMeta], outs: Sequence[TensorMeta], attrs: dict) -> int:
+    return 0
+
+
+@dataclass
+class OpDef:
+    """One op, declared once.
+
+    - ``infer(in_metas, attrs)`` -> output metas; raises ValueError naming the op on bad shapes.
+    - ``signatures(in_metas, attrs)`` -> the op's valid 1-D signatures (all-B is added for you);
+      split dims in them are non-negative.
+    - ``kernel(local_inputs, local_attrs)`` -> local outputs (a tuple); plain torch.
+    - ``localize(attrs, ctx)`` -> attrs for one shard (a reshape's target shape, an embedding's
+      vocabulary offset, a mean's global count).
+    - ``flops(in_metas, out_metas, attrs)`` -> floating point operations of the global op.
+    - ``grad``: filled by the compiler: builds the backward ops of this op in a graph.
+    """
+
+    name: str
+    infer: InferFn
+    signatures: SignaturesFn
+    kernel: KernelFn
+    flops: FlopsFn = _zero_flops
+    localize: LocalizeFn = _no_localize
+    grad: Callable[..., Any] | None = None
+    variadic: bool = False  # inputs are a list of any length (concat)
+    doc: str = ""
+
+    def bytes_moved(self, ins: Sequence[TensorMeta], outs: Sequence[TensorMeta]) -> int:
+        """Bytes read and written by the global op (a roofline's memory term)."""
+        return sum(m.nbytes for m in ins) + sum(m.nbytes for m in outs)
+
+
+class UnknownOpError(KeyError):
+    pass
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in REGISTRY:
+        raise ValueError(f"op {op.name!r} is registered twice")
+    REGISTRY[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownOpError(
+            f"no op named {name!r}; registered ops: {', '.join(sorted(REGISTRY))}"
+        ) from None
+
+
+def one_d_signatures(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict) -> list[Signature]:
+    """The op's 1-D signatures with normalised dims and all-B first, without duplicates."""
+    out_metas = op.infer(in_metas, attrs)
+    all_b = Signature(tuple(B for _ in in_metas), tuple(B for _ in out_metas))
+    seen: dict[Signature, None] = {all_b: None}
+    for sig in op.signatures(in_metas, attrs):
+        norm = Signature(
+            tuple(normalize_split(x, len(m.shape), op.name) for x, m in zip(sig.inputs, in_metas)),
+            tuple(normalize_split(x, len(m.shape), op.name) for x, m in zip(sig.outputs, out_metas)),
+        )
+        seen.setdefault(norm, None)
+    return list(seen)
+
+
+def _blocks_fit(metas: Sequence[TensorMeta], sbps: Sequence[NdSbp], placement: Placement, rank: int):
+    blocks = []
+    for m, nd in zip(metas, sbps):
+        blk = local_block(m.shape, placement, nd, rank)
+        if any(e - s <= 0 for s, e in blk) and m.numel > 0:
+            return None
+        blocks.append(blk)
+    return tuple(blocks)
+
+
+def local_context(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict, sig: NdSignature,
+                  placement: Placement, rank: int) -> LocalContext | None:
+    """The shard-level view of ``sig`` on ``rank``, or None if some shard would be empty."""
+    out_metas = tuple(op.infer(in_metas, attrs))
+    ib = _blocks_fit(in_metas, sig.inputs, placement, rank)
+    ob = _blocks_fit(out_metas, sig.outputs, placement, rank)
+    if ib is None or ob is None:
+        return None
+    return LocalContext(tuple(in_metas), out_metas, ib, ob, sig)
+
+
+def _nd_valid(op: OpDef, in_metas: tuple[TensorMeta, ...], attrs: dict, sig: NdSignature,
+              placement: Placement) -> bool:
+    """Every rank's local input shapes infer exactly the local output shapes the SBPs promise."""
+    for rank in placement.rank_list:
+        ctx = local_context(op, in_metas, attrs, sig, placement, rank)
+        if ctx is None:
+            return False
+        local_in = [TensorMeta(tuple(e - s for s, e in blk), m.dtype)
+                    for blk, m in zip(ctx.in_blocks, in_metas)]
+        try:
+            got = op.infer(local_in, op.localize(dict(attrs), ctx))
+        except (ValueError, RuntimeError, IndexError):
+            return False
+        want = [tuple(e - s for s, e in blk) for blk in ctx.out_blocks]
+        if [tuple(g.shape) for g in got] != want:
+            return False
+    return True
+
+
+def _freeze(attrs: dict) -> tuple:
+    def f(v):
+        if isinstance(v, (list, tuple)):
+            return tuple(f(x) for x in v)
+        if isinstance(v, dict):
+            return tuple(sorted((k, f(x)) for k, x in v.items()))
+        return v
+    return f(attrs)
+
+
+@lru_cache(maxsize=4096)
+def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: tuple,
+                          mesh_shape: tuple[int, ...]) -> tuple[NdSignature, ...]:
+    op = get_op(name)
+    attrs = dict(frozen)
+    placement = Placement("cpu", list(range(_prod(mesh_shape))) if len(mesh_shape) == 1 else
+                          torch.arange(_prod(mesh_shape)).reshape(mesh_shape).tolist())
+    ones = one_d_signatures(op, in_metas, attrs)
+    out: list[NdSignature] = []
+    for combo in itertools.product(ones, repeat=len(mesh_shape)):
+        sig = NdSignature(
+            tuple(tuple(c.inputs[i] for c in combo) for i in range(len(in_metas))),
+            tuple(tuple(c.outputs[j] for c in combo) for j in range(len(combo[0].outputs))),
+        )
+        if _nd_valid(op, in_metas, attrs, sig, placement):
+            out.append(sig)
+    return tuple(out)
+
+
+def _prod(xs: Sequence[int]) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def nd_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict,
+                  placement: Placement) -> list[NdSignature]:
+    """All valid n-D signatures of ``op`` for these inputs on this mesh (all-B first).
+
+    Validity depends only on the mesh shape, not on which ranks are in it, so results are cached
+    per (op, shapes, attrs, mesh shape). Attribute values must be hashable or lists (lists are
+    passed to the op as tuples).
+    """
+    op = get_op(op) if isinstance(op, str) else op
+    return list(_nd_signatures_cached(op.name, tuple(in_metas), _freeze(attrs), placement.shape))
+
+
+def run_local(op: OpDef | str, local_inputs: Sequence[torch.Tensor], attrs: dict,
+              in_metas: Sequence[TensorMeta], sig: NdSignature, placement: Placement,
+              rank: int) -> tuple[torch.Tensor, ...]:
+    """Run one rank's shard of ``op`` under ``sig``."""
+    op = get_op(op) if isinstance(op, str) else op
+    ctx = local_context(op, in_metas, attrs, sig, placement, rank)
+    if ctx is None:
+        raise ValueError(f"{op.name}: signature {sig} leaves rank {rank} an empty shard")
+    return tuple(op.kernel(list(local_inputs), op.localize(dict(attrs), ctx)))

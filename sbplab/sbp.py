@@ -1,0 +1,154 @@
+"""SBP: how a tensor is laid out over one mesh axis (split, broadcast, partial).
+
+An n-D SBP is a plain tuple with one entry per mesh axis, applied in order: mesh axis 0 first, then
+axis 1 splits each piece that axis 0 left (OneFlow's and DTensor's order). Strings such as
+``"S(0), B"`` parse to the same tuple, so users can write layouts the way papers do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+REDUCE_OPS = ("sum", "max", "min")
+
+
+@dataclass(frozen=True)
+class Split:
+    """S(dim): the tensor is cut along ``dim``, each device of the axis holds one balanced piece."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool):
+            raise TypeError(f"S(dim) needs an int dim, got {self.dim!r}")
+
+    def __repr__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """B: every device of the axis holds the whole tensor."""
+
+    def __repr__(self) -> str:
+        return "B"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """P: every device holds an addend (or a candidate, for max/min); reducing them gives the value.
+
+    ``P`` is the partial sum. ``P("max")`` and ``P("min")`` are DTensor's extension; ops accept them
+    only where that is mathematically right (relu of P(max) is fine, matmul of P(max) is not).
+    Calling a Partial gives another reduce op, so ``sl.P("max")`` reads like the paper.
+    """
+
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.op not in REDUCE_OPS:
+            raise ValueError(f"P(op) needs op in {REDUCE_OPS}, got {self.op!r}")
+
+    def __call__(self, op: str) -> Partial:
+        return Partial(op)
+
+    def __repr__(self) -> str:
+        return "P" if self.op == "sum" else f"P({self.op})"
+
+
+SbpParallel = Union[Split, Broadcast, Partial]
+NdSbp = tuple  # tuple[SbpParallel, ...], one entry per mesh axis
+
+B = Broadcast()
+P = Partial("sum")
+
+
+def S(dim: int) -> Split:
+    """Split along tensor dimension ``dim`` (negative dims are normalised against the tensor's rank)."""
+    return Split(dim)
+
+
+_TOKEN = re.compile(r"\s*(S\s*\(\s*(-?\d+)\s*\)|B|P\s*\(\s*(sum|max|min)\s*\)|P)\s*(,|$)")
+
+
+def parse_sbp(text: str) -> NdSbp:
+    """Parse ``"S(0), B"`` or ``"(P, S(1))"`` into a tuple of SBPs."""
+    body = text.strip()
+    if body.startswith("(") and body.endswith(")") and not body.startswith("(S"):
+        body = body[1:-1]
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
+    out: list[SbpParallel] = []
+    pos = 0
+    while pos < len(body):
+        m = _TOKEN.match(body, pos)
+        if not m or m.end() == pos:
+            raise ValueError(
+                f"cannot parse SBP {text!r} at {body[pos:]!r}; write entries like S(0), B, P, P(max)"
+            )
+        tok = m.group(1).replace(" ", "")
+        if tok.startswith("S"):
+            out.append(Split(int(m.group(2))))
+        elif tok == "B":
+            out.append(B)
+        else:
+            out.append(Partial(m.group(3) or "sum"))
+        pos = m.end()
+    if not out:
+        raise ValueError(f"empty SBP string {text!r}")
+    return tuple(out)
+
+
+def as_nd_sbp(sbp: Union[str, SbpParallel, Iterable[SbpParallel]], mesh_ndim: int,
+              tensor_ndim: int | None = None, what: str = "tensor") -> NdSbp:
+    """Normalise user input to an n-D SBP tuple of length ``mesh_ndim``.
+
+    A single SBP on a 1-D mesh is accepted; split dims are normalised and range-checked against
+    ``tensor_ndim`` when it is known. Errors name ``what`` (the tensor or op) and what would be valid.
+    """
+    if isinstance(sbp, str):
+        nd = parse_sbp(sbp)
+    elif isinstance(sbp, (Split, Broadcast, Partial)):
+        nd = (sbp,)
+    else:
+        nd = tuple(sbp)
+    if len(nd) != mesh_ndim:
+        raise ValueError(
+            f"{what}: SBP {fmt_sbp(nd)} has {len(nd)} entries but the placement's mesh has "
+            f"{mesh_ndim} axes; give exactly one SBP per mesh axis"
+        )
+    for x in nd:
+        if not isinstance(x, (Split, Broadcast, Partial)):
+            raise TypeError(f"{what}: {x!r} is not an SBP; use sl.S(i), sl.B or sl.P")
+    if tensor_ndim is not None:
+        nd = tuple(normalize_split(x, tensor_ndim, what) for x in nd)
+    return nd
+
+
+def normalize_split(x: SbpParallel, tensor_ndim: int, what: str = "tensor") -> SbpParallel:
+    if not isinstance(x, Split):
+        return x
+    d = x.dim + tensor_ndim if x.dim < 0 else x.dim
+    if not 0 <= d < tensor_ndim:
+        raise ValueError(
+            f"{what}: S({x.dim}) is out of range for a {tensor_ndim}-D tensor; "
+            f"valid split dims are 0..{tensor_ndim - 1} (or -{tensor_ndim}..-1)"
+        )
+    return Split(d)
+
+
+def fmt_sbp(nd: Sequence[SbpParallel] | SbpParallel) -> str:
+    """``(S(0), B)`` for tuples, ``S(0)`` for a single entry."""
+    if isinstance(nd, (Split, Broadcast, Partial)):
+        return repr(nd)
+    return "(" + ", ".join(repr(x) for x in nd) + ")"
+
+
+def is_partial(x: SbpParallel) -> bool:
+    return isinstance(x, Partial)
+
+
+def is_split(x: SbpParallel) -> bool:
+    return isinstance(x, Split)
