@@ -11,8 +11,15 @@ from .layout import assemble, balanced_sizes, local_block, local_shape, shard, s
 from .placement import Placement
 from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
 from . import ops  # noqa: F401  (registers every op)
+from .boxing import BoxingPlan, plan_boxing
+from .cluster import Cluster
+from .eager import (
+    GlobalTensor, SignatureError, apply, explain, explain_log, from_local, set_default_cluster, tensor,
+)
 
 __all__ = [
+    "BoxingPlan", "Cluster", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",
+    "from_local", "plan_boxing", "set_default_cluster", "tensor",
     "B", "Broadcast", "P", "Partial", "Placement", "S", "Split",
     "assemble", "balanced_sizes", "fmt_sbp", "local_block", "local_shape", "parse_sbp", "shard",
     "split_range",

@@ -1,0 +1,306 @@
+"""Global tensors, eager: one logical tensor, one local shard per rank, all held in this process.
+
+This is the teaching and testing face of SBP: every operator goes through the same op registry
+and boxing planner the compiler uses, so there is one set of rules, not two.
+
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    x = sl.tensor(torch.randn(8, 6), placement=mesh, sbp="S(0), S(1)")   # (8, 6) (S(0), S(1))
+    x.local_shapes   # {0: (4, 3), 1: (4, 3), 2: (4, 3), 3: (4, 3)}
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Mapping, Sequence
+
+import torch
+
+from ..boxing import plan_boxing
+from ..layout import assemble, local_shape, shard
+from ..ops.registry import TensorMeta, get_op
+from ..placement import Placement
+from ..sbp import B, NdSbp, as_nd_sbp, fmt_sbp
+from .dispatch import decide, default_cluster, normalise_out_sbp
+from .records import BoxingRecord, OpRecord, Record, emit
+
+_names = itertools.count()
+
+
+def _fresh_name(prefix: str = "t") -> str:
+    return f"{prefix}{next(_names)}"
+
+
+_SHORT_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+                 torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
+
+
+class GlobalTensor:
+    """A logical tensor with a placement, an n-D SBP and one local shard per rank.
+
+    ``P`` shards are raw addends (or candidates for P(max)/P(min)); ``.full()`` reduces them.
+    ``.record`` says how the tensor was made (an OpRecord or a BoxingRecord).
+    """
+
+    def __init__(self, shards: Mapping[int, torch.Tensor], placement: Placement, sbp: NdSbp,
+                 shape: Sequence[int], name: str | None = None, record: Record | None = None):
+        self.placement = placement
+        self.sbp: NdSbp = tuple(sbp)
+        self.shape = torch.Size(shape)
+        self.shards: dict[int, torch.Tensor] = dict(shards)
+        self.name = name or _fresh_name()
+        self.record = record
+
+    # --- what it is ------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.shards.values())).dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def meta(self) -> TensorMeta:
+        return TensorMeta(tuple(self.shape), self.dtype)
+
+    @property
+    def local_shapes(self) -> dict[int, tuple[int, ...]]:
+        return {r: tuple(t.shape) for r, t in self.shards.items()}
+
+    def to_local(self, rank: int) -> torch.Tensor:
+        if rank not in self.shards:
+            raise KeyError(f"{self.name}: rank {rank} is not in {self.placement}")
+        return self.shards[rank]
+
+    def full(self) -> torch.Tensor:
+        """The logical value as a plain torch.Tensor (partial shards are reduced)."""
+        return assemble(self.shards, self.placement, self.sbp)
+
+    def type_str(self) -> str:
+        """JAX-style type with sharding written in: ``f32[8@axis0,6@axis1]`` (axis names if set)."""
+        dims = [str(n) for n in self.shape]
+        for axis, x in enumerate(self.sbp):
+            if hasattr(x, "dim"):
+                dims[x.dim] += f"@{self.placement.axis_label(axis)}"
+        partial = [f"{self.placement.axis_label(a)}:{x!r}" for a, x in enumerate(self.sbp)
+                   if type(x).__name__ == "Partial"]
+        tail = f" partial{{{', '.join(partial)}}}" if partial else ""
+        return f"{_SHORT_DTYPES.get(self.dtype, str(self.dtype))}[{','.join(dims)}]{tail}"
+
+    def __repr__(self) -> str:
+        locs = sorted(set(self.local_shapes.values()))
+        loc = locs[0] if len(locs) == 1 else locs
+        return (f"GlobalTensor({self.name}: {self.type_str()}, sbp={fmt_sbp(self.sbp)}, "
+                f"placement={self.placement}, local={loc})")
+
+    # --- changing layout --------------------------------------------------------------------
+    def to_global(self, placement: Placement | None = None, sbp=None, cluster=None) -> GlobalTensor:
+        """Box to another SBP and/or placement; the plan is kept in ``.record``."""
+        dst_p = placement or self.placement
+        dst_sbp = self.sbp if sbp is None else as_nd_sbp(sbp, dst_p.ndim, self.ndim, what=self.name)
+        return self._box(dst_sbp, dst_p, reason="to_global", cluster=cluster)
+
+    def _box(self, dst_sbp: NdSbp, dst_p: Placement, reason: str, plan=None, cluster=None) -> GlobalTensor:
+        if plan is None:
+            plan = plan_boxing(tuple(self.shape), self.sbp, dst_sbp, self.placement,
+                               dst_placement=None if dst_p == self.placement else dst_p,
+                               dtype=self.dtype, cluster=cluster or default_cluster())
+        rec = BoxingRecord(self.name, reason, plan)
+        out = GlobalTensor(plan.run(self.shards), dst_p, dst_sbp, self.shape,
+                           name=f"{self.name}'", record=rec)
+        if reason == "to_global":
+            emit(rec)
+        return out
+
+    # --- ops ---------------------------------------------------------------------------------
+    def __matmul__(self, other): return apply("matmul", [self, other])
+    def __rmatmul__(self, other): return apply("matmul", [other, self])
+    def __add__(self, other): return apply("add", [self, other])
+    def __radd__(self, other): return apply("add", [other, self])
+    def __sub__(self, other): return apply("sub", [self, other])
+    def __rsub__(self, other): return apply("sub", [other, self])
+    def __mul__(self, other): return apply("mul", [self, other])
+    def __rmul__(self, other): return apply("mul", [other, self])
+    def __truediv__(self, other): return apply("div", [self, other])
+    def __rtruediv__(self, other): return apply("div", [other, self])
+    def __neg__(self): return apply("neg", [self])
+
+    def relu(self): return apply("relu", [self])
+    def gelu(self, approximate: str = "none"): return apply("gelu", [self], approximate=approximate)
+    def tanh(self): return apply("tanh", [self])
+    def exp(self): return apply("exp", [self])
+
+    def sum(self, dim=None, keepdim: bool = False):
+        return apply("sum", [self], dims=_dims(dim, self.ndim), keepdim=keepdim)
+
+    def mean(self, dim=None, keepdim: bool = False):
+        return apply("mean", [self], dims=_dims(dim, self.ndim), keepdim=keepdim)
+
+    def max(self, dim: int, keepdim: bool = False):
+        return apply("max", [self], dim=dim % self.ndim, keepdim=keepdim)
+
+    def softmax(self, dim: int): return apply("softmax", [self], dim=dim % self.ndim)
+    def log_softmax(self, dim: int): return apply("log_softmax", [self], dim=dim % self.ndim)
+
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return apply("reshape", [self], shape=_resolve_shape(shape, self.shape, self.name))
+
+    view = reshape
+
+    def transpose(self, dim0: int, dim1: int):
+        return apply("transpose", [self], dim0=dim0 % self.ndim, dim1=dim1 % self.ndim)
+
+    def permute(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        return apply("permute", [self], dims=tuple(d % self.ndim for d in dims))
+
+    @property
+    def T(self):
+        return self.transpose(-2, -1)
+
+    def __getitem__(self, index):
+        """Basic slicing ``x[:, 2:5]`` on one dimension at a time, through the ``slice`` op."""
+        if not isinstance(index, tuple):
+            index = (index,)
+        out = self
+        for d, idx in enumerate(index):
+            if idx == slice(None):
+                continue
+            if not isinstance(idx, slice):
+                raise TypeError(f"{self.name}: only slices like x[a:b] are supported, got {idx!r}")
+            start, stop, step = idx.indices(self.shape[d])
+            out = apply("slice", [out], dim=d, start=start, stop=stop, step=step)
+        return out
+
+
+def _dims(dim, ndim: int) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        return (dim % ndim,)
+    return tuple(d % ndim for d in dim)
+
+
+def _resolve_shape(shape: tuple, old: torch.Size, name: str) -> tuple[int, ...]:
+    numel = 1
+    for s in old:
+        numel *= s
+    if shape.count(-1) > 1:
+        raise ValueError(f"{name}: reshape to {shape} has more than one -1")
+    known = 1
+    for s in shape:
+        if s != -1:
+            known *= s
+    if -1 in shape:
+        if known == 0 or numel % known:
+            raise ValueError(f"{name}: cannot reshape {tuple(old)} to {shape}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    return tuple(int(s) for s in shape)
+
+
+def _lift(x, like: GlobalTensor) -> GlobalTensor:
+    """Python numbers and plain tensors join an op as broadcast tensors on ``like``'s placement."""
+    if isinstance(x, GlobalTensor):
+        return x
+    t = torch.as_tensor(x, dtype=like.dtype if not isinstance(x, torch.Tensor) else None)
+    return tensor(t, placement=like.placement, sbp=(B,) * like.placement.ndim,
+                  name=_fresh_name("const"))
+
+
+def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | None = None,
+          **attrs) -> GlobalTensor | tuple[GlobalTensor, ...]:
+    """Run a registry op on global tensors: choose a signature, box the inputs, run each shard.
+
+    ``signature`` forces one ("S(0), B -> S(0)" on a 1-D mesh, or an NdSignature); ``sbp`` forces
+    the output SBP (the cheapest signature producing it is used).
+    """
+    anchor = next((x for x in inputs if isinstance(x, GlobalTensor)), None)
+    if anchor is None:
+        raise TypeError(f"{op_name}: needs at least one global tensor input")
+    xs = [_lift(x, anchor) for x in inputs]
+    for x in xs:
+        if x.placement != anchor.placement:
+            raise ValueError(
+                f"{op_name}: inputs live on different placements: {anchor.name} on {anchor.placement}, "
+                f"{x.name} on {x.placement}; move one with .to_global(placement=...) first")
+    placement = anchor.placement
+    op = get_op(op_name)
+    metas = [x.meta for x in xs]
+    out_ndim = len(op.infer(metas, attrs)[0].shape)
+    dec = decide(op_name, metas, [x.sbp for x in xs], attrs, placement, signature=signature,
+                 out_sbp=normalise_out_sbp(sbp, placement, out_ndim, op_name))
+    sig = dec.signature
+    boxings = []
+    boxed = []
+    for i, (x, plan) in enumerate(zip(xs, dec.input_plans)):
+        if plan.steps or x.sbp != sig.inputs[i]:
+            y = x._box(sig.inputs[i], placement, reason=f"input {i} of {op_name} under {sig}", plan=plan)
+            boxings.append(y.record)
+            boxed.append(y)
+        else:
+            boxed.append(x)
+    outs: dict[int, tuple[torch.Tensor, ...]] = {}
+    for r in placement.rank_list:
+        outs[r] = tuple(op.kernel([b.shards[r] for b in boxed], dec.local_attrs[r]))
+    out_name = name or _fresh_name()
+    record = OpRecord(op_name, out_name, [x.name for x in xs], [x.sbp for x in xs], dec.candidates[0],
+                      dec.candidates[1:], boxings, dec.forced)
+    emit(record)
+    results = tuple(
+        GlobalTensor({r: o[j] for r, o in outs.items()}, placement, sig.outputs[j], m.shape,
+                     name=out_name if j == 0 else f"{out_name}.{j}", record=record)
+        for j, m in enumerate(dec.out_metas))
+    return results[0] if len(results) == 1 else results
+
+
+def tensor(full: torch.Tensor, placement: Placement, sbp, name: str | None = None) -> GlobalTensor:
+    """Make a global tensor from its full value: S takes slices, B copies, P gives rank 0 the value."""
+    full = torch.as_tensor(full)
+    name = name or _fresh_name()
+    nd = as_nd_sbp(sbp, placement.ndim, full.ndim, what=name)
+    return GlobalTensor(shard(full, placement, nd, what=name), placement, nd, full.shape, name=name)
+
+
+def from_local(shards: Mapping[int, torch.Tensor] | Sequence[torch.Tensor], placement: Placement, sbp,
+               name: str | None = None) -> GlobalTensor:
+    """Make a global tensor from its local shards (a dict rank -> tensor, or a list in mesh order).
+
+    The logical shape is worked out from the shards; each shard must have exactly the shape the
+    balanced splitter gives its rank.
+    """
+    name = name or _fresh_name()
+    if not isinstance(shards, Mapping):
+        shards = list(shards)
+        if len(shards) != placement.size:
+            raise ValueError(f"{name}: {len(shards)} shards for {placement.size} ranks of {placement}")
+        shards = dict(zip(placement.rank_list, shards))
+    missing = set(placement.rank_list) - set(shards)
+    if missing:
+        raise ValueError(f"{name}: no shard for ranks {sorted(missing)} of {placement}")
+    first = next(iter(shards.values()))
+    nd = as_nd_sbp(sbp, placement.ndim, first.ndim, what=name)
+    metas = {r: torch.empty(t.shape, device="meta") for r, t in shards.items()}
+    try:
+        shape = tuple(assemble(metas, placement, nd).shape)
+    except RuntimeError as e:
+        raise ValueError(f"{name}: local shapes {({r: tuple(t.shape) for r, t in shards.items()})} do not "
+                         f"fit together under SBP {fmt_sbp(nd)}: {e}") from None
+    for r, t in shards.items():
+        want = local_shape(shape, placement, nd, r)
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"{name}: rank {r} holds a shard of shape {tuple(t.shape)} but a {shape} tensor with SBP "
+                f"{fmt_sbp(nd)} gives it {want} (balanced splits: the first n mod p pieces get one more)")
+    return GlobalTensor({r: shards[r] for r in placement.rank_list}, placement, nd, shape, name=name)
+
+
+def explain(t: GlobalTensor) -> str:
+    """How ``t`` was made: its op, the chosen and rejected signatures, every boxing with bytes."""
+    lines = [repr(t)]
+    rec = t.record
+    if rec is None:
+        lines.append("  made directly (sl.tensor / sl.from_local); no op or boxing produced it")
+    else:
+        lines += ["  " + s for s in rec.lines()]
+    return "\n".join(lines)
