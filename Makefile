@@ -33,7 +33,7 @@ tour: setup
 	$(PY) -m sbplab.tour
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests notebooks --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
 
 bench: setup
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
