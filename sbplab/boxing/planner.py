@@ -1,0 +1,147 @@
+"""plan_boxing: validate a request, find the cheapest route (and move, across placements), and turn it
+into a BoxingPlan whose steps name real ranks.
+
+Across placements the plan is: box on the source to some X, move X to Y, box on the destination
+from Y. Every X and Y are tried (routes from the source and to the destination are one Dijkstra each)
+with branch and bound on a lower bound of the move, so the cheapest of all such plans wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import lru_cache
+
+import torch
+
+from ..cluster import Cluster
+from ..layout import check_layout
+from ..placement import Placement
+from ..sbp import NdSbp, SbpParallel, as_nd_sbp, fmt_sbp
+from .costs import edge_cost, explain_step
+from .move import has_partial, move_lower_bound, plan_move
+from .plan import BoxingPlan
+from .route import BoxingError, Hop, Key, add, apply_hops, find_route, partial_ops, routes_from, routes_to
+from .step import BoxingStep
+
+SbpLike = str | SbpParallel | Iterable[SbpParallel]
+
+
+def _axis_steps(shape, state: NdSbp, hops: tuple[Hop, ...], placement: Placement, itemsize: int,
+                cluster: Cluster, note: str = "") -> list[BoxingStep]:
+    ranks = placement.rank_list  # flat row-major, the order of costs' per-coordinate tuples
+    steps = []
+    for (axis, new), s in zip(hops, apply_hops(state, hops)):
+        c = edge_cost(shape, placement.shape, s, axis, new, itemsize, cluster)
+        nxt = s[:axis] + (new,) + s[axis + 1:]
+        comm = c.kind not in ("slice", "zero")
+        steps.append(BoxingStep(
+            kind=c.kind, mesh_axis=axis, src_sbp=s, dst_sbp=nxt, placement=placement,
+            groups=tuple(placement.groups(axis)) if comm else (),
+            bytes_sent=dict(zip(ranks, c.sent)), bytes_recv=dict(zip(ranks, c.recv)), time_s=c.time_s,
+            why=explain_step(c.kind, s[axis], new, placement.axis_label(axis)) + note, reduce_op=c.reduce_op))
+    return steps
+
+
+def _move_step(shape, x: NdSbp, y: NdSbp, src_pl: Placement, dst_pl: Placement, itemsize: int,
+               cluster: Cluster) -> BoxingStep:
+    m = plan_move(shape, x, y, src_pl, dst_pl, itemsize, cluster)
+    how = ("each shard travels whole to the rank at the same mesh coordinates" if has_partial(x)
+           else f"each rank of the destination receives the parts of its {fmt_sbp(y)} block it does not hold")
+    if src_pl.device_type != dst_pl.device_type:
+        how += f"; {src_pl.device_type} -> {dst_pl.device_type} is a device copy, counted as bytes moved"
+    local = sum(1 for t in m.transfers if t.src_rank == t.dst_rank)
+    if local:
+        how += f"; {local} region(s) stay on their rank"
+    pairs = tuple(sorted({(t.src_rank, t.dst_rank) for t in m.transfers
+                          if t.src_rank != t.dst_rank or src_pl.device_type != dst_pl.device_type}))
+    return BoxingStep(kind=m.kind, mesh_axis=None, src_sbp=x, dst_sbp=y, placement=dst_pl, groups=pairs,
+                      bytes_sent=dict(m.sent), bytes_recv=dict(m.recv), time_s=m.time_s,
+                      why=f"move to the other placement: {how}", src_placement=src_pl, transfers=m.transfers)
+
+
+@lru_cache(maxsize=4096)
+def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement,
+               itemsize: int, cluster: Cluster) -> tuple[NdSbp, NdSbp, Key]:
+    """The intermediate layouts (X on the source, Y on the destination) of the cheapest move."""
+    ops = partial_ops(src, dst)
+    fr = routes_from(shape, src, src_pl.shape, itemsize, cluster, ops)
+    to = routes_to(shape, dst, dst_pl.shape, itemsize, cluster, ops)
+    best: tuple[Key, NdSbp, NdSbp] | None = None
+
+    def consider(x: NdSbp, y: NdSbp) -> None:
+        nonlocal best
+        m = plan_move(shape, x, y, src_pl, dst_pl, itemsize, cluster)
+        if m is None:
+            return
+        k = add(add(fr[x].key, m.key), to[y].key)
+        if best is None or k < best[0]:
+            best = (k, x, y)
+
+    if src_pl.shape == dst_pl.shape:  # 1:1 moves keep any layout, partial ones too
+        for x in sorted(set(fr) & set(to), key=lambda s: add(fr[s].key, to[s].key)):
+            if best is not None and add(fr[x].key, to[x].key) >= best[0]:
+                break
+            consider(x, x)
+    xs = sorted((s for s in fr if not has_partial(s)), key=lambda s: fr[s].key)
+    ys = sorted(((add(to[s].key, move_lower_bound(shape, s, src_pl, dst_pl, itemsize, cluster)), s)
+                 for s in to if not has_partial(s)), key=lambda t: t[0])
+    for x in xs:
+        if not ys or (best is not None and add(fr[x].key, ys[0][0]) >= best[0]):
+            break
+        for bound, y in ys:
+            if best is not None and add(fr[x].key, bound) >= best[0]:
+                break
+            consider(x, y)
+    if best is None:
+        raise BoxingError(f"no way to move shape {shape} from {fmt_sbp(src)} on {src_pl} to {fmt_sbp(dst)} "
+                          f"on {dst_pl}")
+    return best[1], best[2], best[0]
+
+
+def _validate(shape, sbp: SbpLike, placement: Placement, what: str) -> NdSbp:
+    nd = as_nd_sbp(sbp, placement.ndim, len(shape), what=what)
+    check_layout(shape, placement, nd, what=what)
+    return nd
+
+
+def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placement: Placement,
+                dst_placement: Placement | None = None, dtype: torch.dtype = torch.float32,
+                cluster: Cluster | None = None) -> BoxingPlan:
+    """Plan how a tensor of ``shape`` goes from ``src_sbp`` on ``placement`` to ``dst_sbp`` on
+    ``dst_placement`` (default: the same placement).
+
+    SBPs may be strings (``"S(0), B"``), single SBPs on a 1-D mesh, or tuples. ``cluster`` defaults
+    to ``Cluster.cpu_box()`` for cpu placements and ``Cluster.h100_node()`` for cuda ones.
+    """
+    try:
+        shape = tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"plan_boxing: shape must be a sequence of ints, got {shape!r}") from None
+    if any(n < 0 for n in shape):
+        raise ValueError(f"plan_boxing: shape {shape} has a negative dim; dims must be >= 0")
+    if not isinstance(placement, Placement):
+        raise TypeError(f"plan_boxing: placement must be an sl.Placement, got {type(placement).__name__}")
+    dst_pl = placement if dst_placement is None else dst_placement
+    if not isinstance(dst_pl, Placement):
+        raise TypeError(f"plan_boxing: dst_placement must be an sl.Placement or None, got {type(dst_pl).__name__}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"plan_boxing: dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    if cluster is None:
+        cluster = Cluster.cpu_box() if placement.device_type == "cpu" else Cluster.h100_node()
+    elif not isinstance(cluster, Cluster):
+        raise TypeError(f"plan_boxing: cluster must be an sl.Cluster or None, got {type(cluster).__name__}")
+    src = _validate(shape, src_sbp, placement, "plan_boxing: src_sbp")
+    dst = _validate(shape, dst_sbp, dst_pl, "plan_boxing: dst_sbp")
+    itemsize = dtype.itemsize
+    if dst_pl.same_devices(placement):
+        route = find_route(shape, src, dst, placement.shape, itemsize, cluster)
+        steps = _axis_steps(shape, src, route.hops, placement, itemsize, cluster)
+        return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), cluster)
+    x, y, _ = find_cross(shape, src, dst, placement, dst_pl, itemsize, cluster)
+    ops = partial_ops(src, dst)
+    before = routes_from(shape, src, placement.shape, itemsize, cluster, ops)[x].hops
+    after = routes_to(shape, dst, dst_pl.shape, itemsize, cluster, ops)[y].hops
+    steps = _axis_steps(shape, src, before, placement, itemsize, cluster, note=" (before the move)")
+    steps.append(_move_step(shape, x, y, placement, dst_pl, itemsize, cluster))
+    steps += _axis_steps(shape, y, after, dst_pl, itemsize, cluster, note=" (after the move)")
+    return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), cluster)
