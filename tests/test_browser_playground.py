@@ -1,0 +1,122 @@
+"""The real thing: JupyterLab in headless Chromium, the SbpPlayground clicked like a person would.
+
+Starts a JupyterLab server on loopback, opens a notebook that shows the widget, runs it, clicks an
+SBP button and checks that the layout and the boxing plan in the page change accordingly (which
+needs the kernel to recompute and send state back). A screenshot lands in artifacts/browser/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "sbplab-browser-test"
+SCREENSHOT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "browser"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+NOTEBOOK = {
+    "cells": [{
+        "cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+        "source": ("from sbplab.widgets import SbpPlayground\n"
+                   "w = SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp='S(0), B', target='B, B')\n"
+                   "w"),
+    }],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def jupyter_lab(tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium")
+    root = tmp_path_factory.mktemp("lab")
+    (root / "play.ipynb").write_text(json.dumps(NOTEBOOK))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
+           "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+           "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+           "jupyterlab.NeverCheckForUpdate"]
+    log = open(root / "lab.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"JupyterLab did not start: {(root / 'lab.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOT_DIR / "sbp_playground.png"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{jupyter_lab}/lab/tree/play.ipynb?token={TOKEN}")
+            page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+                                   timeout=90_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+            steps = page.get_by_test_id("boxing-steps").locator("tr.boxing-step")
+            expect(steps).to_have_count(1, timeout=90_000)  # (S(0), B) -> (B, B): one all-gather
+            expect(steps.first).to_contain_text("all_gather")
+            layout_before = page.get_by_test_id("src-layout").inner_html()
+            type_before = page.get_by_test_id("src-type").inner_text()
+            assert "@" in type_before and "8" in type_before
+
+            page.get_by_test_id("src-axis1-S1").click()  # mesh axis 1: B -> S(1)
+
+            expect(steps).to_have_count(2, timeout=30_000)  # (S(0), S(1)) -> (B, B): two all-gathers
+            expect(steps.nth(1)).to_contain_text("all_gather")
+            expect(page.get_by_test_id("src-type")).not_to_have_text(type_before, timeout=10_000)
+            assert page.get_by_test_id("src-layout").inner_html() != layout_before
+            expect(page.get_by_test_id("error-message")).to_be_empty()
+            # the local shapes table now shows the checkerboard's (4, 3) shards
+            expect(page.get_by_test_id("local-shapes")).to_contain_text("4, 3")
+            page.get_by_test_id("boxing").scroll_into_view_if_needed()
+            page.screenshot(path=str(shot), full_page=True)
+        except Exception:
+            page.screenshot(path=str(SCREENSHOT_DIR / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+    print(f"screenshot: {shot}")
