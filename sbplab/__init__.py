@@ -16,6 +16,7 @@ from .cluster import Cluster
 from .eager import (
     GlobalTensor, SignatureError, apply, explain, explain_log, from_local, set_default_cluster, tensor,
 )
+from .viz import compare_timelines, layout_picture, timeline, type_string  # noqa: F401  (plotly loads on use)
 
 __all__ = [
     "BoxingPlan", "Cluster", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",

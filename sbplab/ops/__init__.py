@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# importing the op files registers their ops
+from . import conv, elementwise, indexing, linalg, loss, nn, reduce, shape  # noqa: F401
+from .check import check_signature_numerics, random_shards, run_signature  # noqa: F401
 from .registry import (  # noqa: F401
     REGISTRY,
     LocalContext,
@@ -9,6 +12,7 @@ from .registry import (  # noqa: F401
     OpDef,
     Signature,
     TensorMeta,
+    UnknownOpError,
     get_op,
     nd_signatures,
     one_d_signatures,
