@@ -6,7 +6,7 @@ executor, the op checker and the pictures all call them.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -141,3 +141,44 @@ def assemble(shards: Mapping[int, torch.Tensor], placement: Placement, nd_sbp: N
         else:
             level = {k: reduce_tensors(x.op, v) for k, v in parents.items()}
     return level[()]
+
+
+def random_shards(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp,
+                  generator: torch.Generator | None = None) -> dict[int, torch.Tensor]:
+    """Shards of ``full`` with honest partial values: random addends (P) or candidates (P(max/min)).
+
+    ``shard`` gives rank 0 the value and zeros elsewhere, so a reduction that just took the first
+    shard would pass on it; tests of collectives and kernels use these instead. Built in the nested
+    order of n-D SBP (mesh axis 0 first), copies identical along broadcast axes, each element of a
+    max/min won by a random rank. The noise is integer-valued, so sums stay exact.
+    """
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+
+    def noise(like: torch.Tensor, low: int, high: int) -> torch.Tensor:
+        return torch.randint(low, high, like.shape, generator=g).to(like.dtype)
+
+    def build(piece: torch.Tensor, axis: int) -> dict[tuple[int, ...], torch.Tensor]:
+        if axis == placement.ndim:
+            return {(): piece.clone()}
+        p, x = placement.shape[axis], nd_sbp[axis]
+        if isinstance(x, Broadcast):
+            sub = build(piece, axis + 1)  # one draw, copied to every coordinate of the axis
+            parts = [sub] * p
+        elif isinstance(x, Split):
+            parts = []
+            for i in range(p):
+                a, b = split_range(piece.shape[x.dim], p, i)
+                parts.append(build(piece.narrow(x.dim, a, b - a), axis + 1))
+        elif x.op == "sum":
+            addends = [noise(piece, -4, 5) for _ in range(p - 1)]
+            first = piece - sum(addends) if addends else piece
+            parts = [build(t, axis + 1) for t in [first, *addends]]
+        else:  # max/min: every candidate is beaten by (or equal to) the value, one random rank equals it
+            winner = torch.randint(0, p, piece.shape, generator=g)
+            sign = -1 if x.op == "max" else 1
+            parts = [build(torch.where(winner == i, piece, piece + sign * noise(piece, 1, 4)), axis + 1)
+                     for i in range(p)]
+        return {(i, *k): v for i, sub in enumerate(parts) for k, v in sub.items()}
+
+    by_coord = build(full, 0)
+    return {r: by_coord[placement.coords(r)].clone() for r in placement.rank_list}

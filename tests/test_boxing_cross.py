@@ -14,8 +14,7 @@ from sbplab.boxing import plan_boxing
 from sbplab.boxing.move import has_partial, plan_move
 from sbplab.boxing.planner import find_cross
 from sbplab.boxing.route import add, partial_ops, routes_from, routes_to
-from sbplab.boxing.testing import random_shards
-from sbplab.layout import LayoutError, assemble, check_layout, local_block
+from sbplab.layout import LayoutError, assemble, check_layout, local_block, random_shards
 from sbplab.sbp import B, P, S
 
 ITEM = 4

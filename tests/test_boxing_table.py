@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 import sbplab as sl
 from sbplab.boxing import plan_boxing
-from sbplab.boxing.testing import random_shards
-from sbplab.layout import assemble, balanced_sizes, local_block, local_shape
+from sbplab.layout import assemble, balanced_sizes, local_block, local_shape, random_shards
 from sbplab.sbp import B, P, Partial, S, Split
 
 ENTRIES = [S(0), S(1), B, P, P("max"), P("min")]

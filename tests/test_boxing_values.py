@@ -15,8 +15,7 @@ from sbplab.boxing import BoxingStep, plan_boxing
 from sbplab.boxing.costs import edge_cost, state_ok, step_problem
 from sbplab.boxing.execute import run_axis_step
 from sbplab.boxing.planner import _axis_steps
-from sbplab.boxing.testing import random_shards
-from sbplab.layout import LayoutError, assemble, check_layout
+from sbplab.layout import LayoutError, assemble, check_layout, random_shards
 from sbplab.sbp import B, P, S
 
 MESHES = [(2,), (3,), (4,), (8,), (2, 2), (2, 3), (3, 2), (2, 4), (4, 2), (1, 2), (2, 2, 2), (2, 1, 2)]

@@ -12,54 +12,21 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..layout import assemble, check_layout, partial_fill, shard, split_range
+from ..layout import assemble, check_layout, shard
+from ..layout import random_shards as layout_random_shards
 from ..placement import Placement
-from ..sbp import Broadcast, NdSbp, Partial, Split, fmt_sbp
+from ..sbp import NdSbp, fmt_sbp
 from .registry import NdSignature, OpDef, TensorMeta, get_op, nd_signatures, run_local
 
 
 def random_shards(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp,
                   gen: torch.Generator | None = None, what: str = "tensor") -> dict[int, torch.Tensor]:
-    """Shards of ``full`` whose assembly is ``full``, with random addends and candidates.
-
-    Built in the nested order of n-D SBP (mesh axis 0 first): each piece is split, copied (one
-    draw below it, so broadcast copies stay identical), cut into random addends (P), or into
-    candidates whose max/min is the piece (each element's value held by a random rank, the
-    others smaller/larger). Without ``gen`` this is ``layout.shard``: rank 0 holds P values.
-    """
+    """Shards of ``full`` whose assembly is ``full``: ``layout.shard`` without ``gen``, else random
+    addends and candidates (``layout.random_shards``)."""
     check_layout(full.shape, placement, nd_sbp, what)
     if gen is None:
         return shard(full, placement, nd_sbp, what)
-
-    def build(piece: torch.Tensor, axis: int) -> dict[tuple[int, ...], torch.Tensor]:
-        if axis == placement.ndim:
-            return {(): piece}
-        n, x = placement.shape[axis], nd_sbp[axis]
-        if isinstance(x, Broadcast):
-            parts = [build(piece, axis + 1)] * n
-        else:
-            parts = [build(child, axis + 1) for child in _children(piece, x, n, gen)]
-        return {(i, *k): v for i, sub in enumerate(parts) for k, v in sub.items()}
-
-    by_coord = build(full, 0)
-    return {r: by_coord[placement.coords(r)].clone() for r in placement.rank_list}
-
-
-def _children(piece: torch.Tensor, x: Split | Partial, n: int, gen: torch.Generator) -> list[torch.Tensor]:
-    if isinstance(x, Split):
-        return [piece.narrow(x.dim, s, e - s)
-                for s, e in (split_range(piece.shape[x.dim], n, i) for i in range(n))]
-    if not piece.dtype.is_floating_point:  # integer partials: the value on one rank, identities elsewhere
-        return [piece] + [partial_fill(x.op, piece)] * (n - 1)
-    if x.op == "sum":
-        addends = [torch.randn(piece.shape, generator=gen, dtype=piece.dtype) for _ in range(n - 1)]
-        return [piece - sum(addends, torch.zeros_like(piece))] + addends
-    owner = torch.randint(0, n, piece.shape, generator=gen)
-    out = []
-    for i in range(n):
-        gap = torch.rand(piece.shape, generator=gen, dtype=piece.dtype) + 0.1
-        out.append(torch.where(owner == i, piece, piece - gap if x.op == "max" else piece + gap))
-    return out
+    return layout_random_shards(full, placement, nd_sbp, gen)
 
 
 def run_signature(op: OpDef | str, inputs: Sequence[torch.Tensor], attrs: dict, placement: Placement,
