@@ -1,0 +1,21 @@
+"""Pictures of SBP layouts, graphs, traces, memory and communication.
+
+Plain Python and the core package only: plotly is imported when a chart is built, and graphviz's
+``dot`` program is run only when a graph is rendered (the DOT text never needs it).
+"""
+
+from __future__ import annotations
+
+from .charts import comm_chart, comm_rows, comm_table, memory_chart
+from .dot import DotPicture, dot_available
+from .graph_dot import logical_dot, logical_picture
+from .layout_picture import DeviceBlock, LayoutPicture, dtype_short, layout_picture, type_string
+from .physical_dot import physical_dot, physical_picture
+from .timeline import compare_timelines, makespan_us, timeline, timeline_bars
+
+__all__ = [
+    "DeviceBlock", "DotPicture", "LayoutPicture", "comm_chart", "comm_rows", "comm_table",
+    "compare_timelines", "dot_available", "dtype_short", "layout_picture", "logical_dot", "logical_picture",
+    "makespan_us", "memory_chart", "physical_dot", "physical_picture", "timeline", "timeline_bars",
+    "type_string",
+]

@@ -1,0 +1,247 @@
+"""The layout picture as self-contained SVG: the tensor cut into blocks, then every device's share.
+
+Top: the tensor (last two dims as a plane, one panel per leading-dim slab), each block filled with
+the colours of the ranks that hold it and labelled with them ("0+1" for partial addends, "0,1" for
+copies). Bottom: the device mesh, one tile per rank, showing the outline of the tensor with that
+rank's block filled in, its local type written underneath. Partial values are striped. Sizes are
+proportional, so uneven splits are visible. Elements carry ``class`` and ``data-*`` attributes so
+tests and browsers can read the picture back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from html import escape
+
+from ..sbp import fmt_sbp
+from .colors import device_color
+from .layout_picture import DeviceBlock, LayoutPicture, fmt_range, partial_word
+
+FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
+HALO = "paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round"
+PAD = 10
+WRAP_1D = 8  # tiles per row for a 1-D mesh
+WRAP_SLABS = 4  # slab panels per row
+
+
+def _plane_size(rows: int, cols: int, side: float) -> tuple[float, float]:
+    """Width and height of a (rows, cols) plane whose longer side is ``side``; never thinner than 30%."""
+    big = max(rows, cols, 1)
+    return max(side * cols / big, side * 0.3), max(side * rows / big, side * 0.3)
+
+
+class _Svg:
+    """A tiny SVG builder: a list of element strings and a running bounding box."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.w = 0.0
+        self.h = 0.0
+
+    def add(self, s: str, right: float = 0.0, bottom: float = 0.0) -> None:
+        self.parts.append(s)
+        self.w, self.h = max(self.w, right), max(self.h, bottom)
+
+    def text(self, x: float, y: float, s: str, size: int = 11, cls: str = "label", anchor: str = "start",
+             weight: str = "normal", halo: bool = False) -> None:
+        style = FONT + (";" + HALO if halo else "")
+        self.add(f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+                 f'font-weight="{weight}" style="{style}">{escape(s)}</text>',
+                 x + (len(s) * size * 0.62 if anchor == "start" else len(s) * size * 0.31), y + 4)
+
+
+def _fill(pic_id: str, rank: int, partial: bool) -> str:
+    return f"url(#{pic_id}-p{rank})" if partial else device_color(rank)
+
+
+def _axis_map(pic: LayoutPicture, dim: int | None, origin: float, length: float):
+    """Map a global index along ``dim`` to a coordinate along ``length``."""
+    n = pic.shape[dim] if dim is not None else 1
+
+    def f(i: int) -> float:
+        return origin + length * i / max(n, 1)
+
+    return f
+
+
+def _ranges(pic: LayoutPicture, block, dim: int | None) -> tuple[int, int]:
+    return block[dim] if dim is not None else (0, 1)
+
+
+def _tensor_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> float:
+    r_dim, c_dim = pic.plane_dims
+    rows = pic.shape[r_dim] if r_dim is not None else 1
+    cols = pic.shape[c_dim] if c_dim is not None else 1
+    side = 190.0 if len(pic.slabs) == 1 else 130.0
+    pw, ph = _plane_size(rows, cols, side)
+    svg.text(PAD, top + 12, "tensor: who holds each block", cls="section", weight="bold")
+    top += 22
+    bottom = top
+    for k, slab in enumerate(pic.slabs):
+        x0 = PAD + 34 + (k % WRAP_SLABS) * (pw + 60)
+        y0 = top + (k // WRAP_SLABS) * (ph + 50) + (16 if slab else 0)
+        if slab:
+            svg.text(x0, y0 - 5, f"{pic.name}{pic.slab_label(slab)}", cls="slab-label")
+        xmap, ymap = _axis_map(pic, c_dim, x0, pw), _axis_map(pic, r_dim, y0, ph)
+        for blk in pic.plane_blocks(slab):
+            (r0, r1), (c0, c1) = _ranges(pic, blk, r_dim), _ranges(pic, blk, c_dim)
+            x, y, w, h = xmap(c0), ymap(r0), xmap(c1) - xmap(c0), ymap(r1) - ymap(r0)
+            _block(svg, pic, pic_id, blk, x, y, w, h)
+        # axis ticks: the cut points, so uneven splits read as numbers too
+        if c_dim is not None:
+            for c in sorted({e for b in pic.plane_blocks(slab) for e in b[c_dim]}):
+                svg.text(xmap(c), y0 + ph + 12, str(c), size=9, cls="tick", anchor="middle")
+        if r_dim is not None:
+            for r in sorted({e for b in pic.plane_blocks(slab) for e in b[r_dim]}):
+                svg.text(x0 - 4, ymap(r) + 3, str(r), size=9, cls="tick", anchor="end")
+        bottom = max(bottom, y0 + ph + 16)
+    dims = f"rows = dim {r_dim}, cols = dim {c_dim}" if r_dim is not None else (
+        f"one row = dim {c_dim}" if c_dim is not None else "scalar")
+    svg.text(PAD, bottom + 10, dims, size=9, cls="note")
+    return bottom + 18
+
+
+def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, w: float, h: float) -> None:
+    """One block of the tensor: its holder's colour, or grey with a chip per holder when copied.
+
+    Copies are drawn as chips, not as bands across the block, so they never read as a further split.
+    """
+    groups = pic.holders(blk)
+    ranks = [r for g in groups for r in g]
+    partial = bool(pic.block_of(ranks[0]).partial_axes)
+    label = pic.holder_label(blk)
+    rng = ",".join(f"{s}:{e}" for s, e in blk)
+    if len(ranks) == 1:
+        fill = _fill(pic_id, ranks[0], partial)
+    else:
+        fill = f"url(#{pic_id}-pgrey)" if partial else "#e6e6e6"
+    cls = "cell partial" if partial else "cell"
+    svg.add(f'<rect class="{cls}" data-block="{rng}" data-holders="{escape(label)}" x="{x:.1f}" '
+            f'y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{fill}" fill-opacity="0.85" '
+            f'stroke="#333" stroke-width="1"/>', x + w, y + h)
+    cw, sep = 18.0, 9.0
+    total = len(ranks) * cw + (len(ranks) - 1) * sep
+    if len(ranks) == 1 or total > w - 4 or h < 16:
+        svg.text(x + w / 2, y + h / 2 + 4, label, size=11, cls="holders", anchor="middle", halo=True)
+        return
+    cx, cy = x + (w - total) / 2, y + h / 2 - 7
+    for gi, g in enumerate(groups):
+        for ri, r in enumerate(g):
+            svg.add(f'<rect class="chip" data-rank="{r}" x="{cx:.1f}" y="{cy:.1f}" width="{cw:.1f}" '
+                    f'height="14" rx="3" fill="{device_color(r)}" stroke="#333" stroke-width="0.6"/>')
+            svg.text(cx + cw / 2, cy + 11, str(r), size=10, cls="chip-label", anchor="middle")
+            cx += cw
+            last = gi == len(groups) - 1 and ri == len(g) - 1
+            if not last:
+                svg.text(cx + sep / 2, cy + 11, "+" if ri < len(g) - 1 else ",", size=10, cls="sep",
+                         anchor="middle")
+                cx += sep
+
+
+def _tile_positions(pic: LayoutPicture) -> dict[int, tuple[int, int, int]]:
+    """rank -> (group, row, col): 1-D meshes wrap, 2-D meshes are a grid, more axes become groups."""
+    out = {}
+    shape = pic.placement.shape
+    for b in pic.blocks:
+        c = b.coords
+        if len(c) == 1:
+            out[b.rank] = (0, c[0] // WRAP_1D, c[0] % WRAP_1D)
+        else:
+            g = 0
+            for a, ci in enumerate(c[:-2]):
+                g = g * shape[a] + ci
+            out[b.rank] = (g, c[-2], c[-1])
+    return out
+
+
+def _device_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> float:
+    r_dim, c_dim = pic.plane_dims
+    rows = pic.shape[r_dim] if r_dim is not None else 1
+    cols = pic.shape[c_dim] if c_dim is not None else 1
+    pw, ph = _plane_size(rows, cols, 80.0)
+    tw, th = max(pw, 86.0) + 14, ph + 58
+    pl = pic.placement
+    axes = "  ".join(f"{pl.axis_label(a)}: {x!r}" for a, x in enumerate(pic.sbp))
+    how = {1: "", 2: f"  (rows = {pl.axis_label(0)}, cols = {pl.axis_label(1)})"}.get(
+        pl.ndim, f"  (groups = {', '.join(pl.axis_label(a) for a in range(pl.ndim - 2))})")
+    svg.text(PAD, top + 12, f"devices: {axes}{how}", cls="section", weight="bold")
+    top += 22
+    pos = _tile_positions(pic)
+    n_cols = max(p[2] for p in pos.values()) + 1
+    group_w = n_cols * tw + 18
+    bottom = top
+    for b in pic.blocks:
+        g, r, c = pos[b.rank]
+        gx = PAD + g * group_w
+        if pl.ndim > 2 and r == 0 and c == 0:
+            lead = ",".join(f"{pl.axis_label(a)}={b.coords[a]}" for a in range(pl.ndim - 2))
+            svg.text(gx, top + 10, lead, cls="group-label", size=10)
+        x, y = gx + c * tw, top + (14 if pl.ndim > 2 else 0) + r * th
+        bottom = max(bottom, y + th)
+        _tile(svg, pic, pic_id, b, x, y, pw, ph, tw)
+    return bottom + 4
+
+
+def _tile(svg: _Svg, pic: LayoutPicture, pic_id: str, b: DeviceBlock, x: float, y: float,
+          pw: float, ph: float, tw: float) -> None:
+    r_dim, c_dim = pic.plane_dims
+    partial = bool(b.partial_axes)
+    coords = ",".join(map(str, b.coords))
+    shape = ",".join(map(str, b.local_shape))
+    svg.add(f'<g class="device" data-rank="{b.rank}" data-coords="{coords}" data-local-shape="{shape}">')
+    svg.add(f'<rect class="tile" x="{x:.1f}" y="{y:.1f}" width="{tw - 6:.1f}" height="{ph + 52:.1f}" '
+            f'rx="4" fill="#fafafa" stroke="{device_color(b.rank)}" stroke-width="1.5"/>')
+    svg.text(x + 5, y + 12, f"rank {b.rank} ({coords})", size=10, cls="rank-label", weight="bold")
+    px, py = x + 5, y + 18
+    svg.add(f'<rect class="outline" x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" '
+            f'fill="#eee" stroke="#999" stroke-width="0.8"/>')
+    xmap, ymap = _axis_map(pic, c_dim, px, pw), _axis_map(pic, r_dim, py, ph)
+    (r0, r1), (c0, c1) = _ranges(pic, b.block, r_dim), _ranges(pic, b.block, c_dim)
+    cls = "held partial" if partial else "held"
+    rng = ",".join(f"{s}:{e}" for s, e in b.block)
+    svg.add(f'<rect class="{cls}" data-rank="{b.rank}" data-block="{rng}" x="{xmap(c0):.1f}" '
+            f'y="{ymap(r0):.1f}" width="{xmap(c1) - xmap(c0):.1f}" height="{ymap(r1) - ymap(r0):.1f}" '
+            f'fill="{_fill(pic_id, b.rank, partial)}" fill-opacity="0.85" stroke="#333" stroke-width="0.8"/>',
+            x + tw, y + ph + 52)
+    svg.text(x + 5, py + ph + 13, pic.local_type(b.rank), size=10, cls="local-type")
+    lead = len(pic.slabs[0])
+    extra = []
+    if lead:
+        extra.append("[" + ",".join(fmt_range(r, n) for r, n in zip(b.block[:lead], pic.shape)) + ",…]")
+    if partial:
+        ops = "/".join(sorted({repr(pic.sbp[a]) for a in b.partial_axes}))
+        extra.append(f"{ops} {partial_word(ops.split('/'))}")
+    if extra:
+        svg.text(x + 5, py + ph + 26, " ".join(extra), size=9, cls="partial-note" if partial else "slab-note")
+    svg.add("</g>")
+
+
+def layout_svg(pic: LayoutPicture) -> str:
+    """The whole picture as one ``<svg>`` string with no external references."""
+    key = repr((pic.shape, pic.placement, pic.sbp, pic.dtype, pic.name)).encode()
+    pic_id = "sl" + hashlib.sha1(key).hexdigest()[:8]
+    svg = _Svg()
+    pl = pic.placement
+    svg.text(PAD, 16, pic.summary(), size=12, cls="title", weight="bold")
+    svg.text(PAD, 31, f"SBP {fmt_sbp(pic.sbp)} on {pl.device_type} mesh "
+             f"{'x'.join(map(str, pl.shape))} {pl.mesh.tolist()}", size=10, cls="subtitle")
+    y = _tensor_view(svg, pic, pic_id, 40)
+    y = _device_view(svg, pic, pic_id, y + 4)
+    if any(b.partial_axes for b in pic.blocks):
+        svg.text(PAD, y + 10, "striped = partial value (P): reducing the ranks' values gives the tensor",
+                 size=9, cls="legend")
+        y += 16
+    defs = [f'<pattern id="{pic_id}-pgrey" class="stripes" patternUnits="userSpaceOnUse" width="6" '
+            f'height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/>'
+            f'<rect width="3" height="6" fill="#bbb"/></pattern>']
+    for b in pic.blocks:
+        if b.partial_axes:
+            col = device_color(b.rank)
+            defs.append(f'<pattern id="{pic_id}-p{b.rank}" class="stripes" patternUnits="userSpaceOnUse" '
+                        f'width="6" height="6" patternTransform="rotate(45)"><rect width="6" height="6" '
+                        f'fill="#fff"/><rect width="3" height="6" fill="{col}"/></pattern>')
+    w, h = svg.w + PAD, y + PAD
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="sbplab-layout" width="{w:.0f}" '
+            f'height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}">'
+            f'<defs>{"".join(defs)}</defs><rect width="100%" height="100%" fill="#fff"/>'
+            + "".join(svg.parts) + "</svg>")

@@ -1,0 +1,27 @@
+"""Where the widgets' front-end files live: ``sbplab/_widgets`` in a wheel, ``widgets/`` in a checkout.
+
+The ES modules and CSS are written by hand (no bundler) in the repository's top-level ``widgets/``
+folder; the wheel carries them as ``sbplab/_widgets`` (pyproject's force-include), so the same
+lookup serves an installed package and an editable checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent.parent  # the sbplab package folder
+
+
+def asset_dirs() -> tuple[Path, ...]:
+    return (_PKG / "_widgets", _PKG.parent / "widgets")
+
+
+def asset_path(name: str) -> Path:
+    """The path of front-end file ``name`` (e.g. ``sbp_playground.js``)."""
+    for base in asset_dirs():
+        p = base / name
+        if p.is_file():
+            return p
+    looked = ", ".join(str(d) for d in asset_dirs())
+    raise FileNotFoundError(f"widget asset {name!r} not found; looked in {looked}. A wheel must include "
+                            f"the top-level widgets/ folder as sbplab/_widgets")

@@ -1,0 +1,182 @@
+"""The layout picture tells the truth: its blocks, labels and stripes match sbplab.layout."""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sbplab as sl
+from sbplab.layout import LayoutError
+from sbplab.viz import layout_picture, type_string
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def svg_tree(pic) -> ET.Element:
+    return ET.fromstring(pic.to_svg())
+
+
+def rects(root: ET.Element, cls: str) -> list[ET.Element]:
+    return [e for e in root.iter(f"{NS}rect") if cls in (e.get("class") or "").split()]
+
+
+def parse_block(s: str) -> tuple[tuple[int, int], ...]:
+    return tuple(tuple(int(v) for v in part.split(":")) for part in s.split(","))
+
+
+def test_1d_mesh_uneven_split_blocks_and_sizes():
+    mesh = sl.Placement("cpu", 3)
+    pic = layout_picture((10,), mesh, "S(0)")
+    root = svg_tree(pic)
+    held = {int(r.get("data-rank")): r for r in rects(root, "held")}
+    assert sorted(held) == [0, 1, 2]
+    for rank, r in held.items():
+        assert parse_block(r.get("data-block")) == sl.local_block((10,), mesh, (sl.S(0),), rank)
+    # drawn widths are proportional to the uneven pieces 4, 3, 3
+    widths = [float(held[r].get("width")) for r in range(3)]
+    assert widths[0] / widths[1] == pytest.approx(4 / 3, rel=0.02)
+    assert widths[1] == pytest.approx(widths[2], rel=0.02)
+    tiles = {int(g.get("data-rank")): g.get("data-local-shape") for g in root.iter(f"{NS}g")}
+    assert tiles == {0: "4", 1: "3", 2: "3"}
+    assert pic.uneven and pic.local_types() == ["f32[4]", "f32[3]"]
+    grid = pic.grid_text()
+    assert re.search(r"0:4\s+4:7\s+7:10", grid)
+    assert re.search(r"│\s*0\s*│\s*1\s*│\s*2\s*│", grid)
+
+
+def test_2d_mesh_grid_of_blocks_matches_local_block():
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]], axis_names=("dp", "tp"))
+    nd = (sl.S(0), sl.S(1))
+    pic = layout_picture((8, 6), mesh, nd)
+    root = svg_tree(pic)
+    cells = {parse_block(c.get("data-block")): c.get("data-holders") for c in rects(root, "cell")}
+    expect = {sl.local_block((8, 6), mesh, nd, r): str(r) for r in range(4)}
+    assert cells == expect
+    for g in root.iter(f"{NS}g"):
+        rank = int(g.get("data-rank"))
+        assert g.get("data-coords") == ",".join(map(str, mesh.coords(rank)))
+        local = tuple(int(v) for v in g.get("data-local-shape").split(","))
+        assert local == sl.local_shape((8, 6), mesh, nd, rank)
+    text = pic.text()
+    assert "f32[8@dp,6@tp]" in text
+    assert re.search(r"^3\s+\(1,1\)\s+\[4:8, 3:6\]\s+f32\[4,3\]\s+slice$", text, re.M)
+
+
+def test_partial_is_striped_and_labelled_as_addends():
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    pic = layout_picture((7, 6), mesh, "S(0), P")
+    root = svg_tree(pic)
+    held = rects(root, "held")
+    assert len(held) == 4 and all("partial" in h.get("class") for h in held)
+    pattern_ids = {p.get("id") for p in root.iter(f"{NS}pattern")}
+    for h in held:
+        m = re.fullmatch(r"url\(#(.+)\)", h.get("fill"))
+        assert m and m.group(1) in pattern_ids and m.group(1).endswith(f"-p{h.get('data-rank')}")
+    cells = {c.get("data-holders") for c in rects(root, "cell")}
+    assert cells == {"0+1", "2+3"}  # addends over mesh axis 1, one block per axis-0 piece
+    assert "P addend over axis1" in pic.rank_table()
+    assert pic.type_string() == "f32[7@axis0,6]{P:axis1}"
+    # a max-partial holds candidates, not addends
+    maxed = layout_picture((7, 6), mesh, "S(0), P(max)")
+    assert "P(max) candidate over axis1" in maxed.rank_table() and "P(max) candidate" in maxed.to_svg()
+    # no stripes without P
+    plain = svg_tree(layout_picture((7, 6), mesh, "S(0), B"))
+    assert not any("partial" in h.get("class") for h in rects(plain, "held"))
+    assert not any(h.get("fill").startswith("url(") for h in rects(plain, "held"))
+
+
+def test_broadcast_copies_show_every_holder_as_a_chip():
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    pic = layout_picture((4, 4), mesh, "B, P")
+    root = svg_tree(pic)
+    (cell,) = rects(root, "cell")
+    assert cell.get("data-holders") == "0+1,2+3"
+    assert sorted(int(c.get("data-rank")) for c in rects(root, "chip")) == [0, 1, 2, 3]
+    assert "0+1,2+3" in pic.grid_text()
+
+
+def test_3d_mesh_and_3d_tensor_show_one_panel_per_slab():
+    mesh = sl.Placement("cpu", [[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
+    nd = (sl.S(0), sl.S(1), sl.B)
+    pic = layout_picture((4, 7, 6), mesh, nd)
+    assert pic.slabs == [((0, 2),), ((2, 4),)]
+    root = svg_tree(pic)
+    labels = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "slab-label"]
+    assert labels == ["x[0:2, :, :]", "x[2:4, :, :]"]
+    groups = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "group-label"]
+    assert groups == ["axis0=0", "axis0=1"]
+    held = {int(r.get("data-rank")): parse_block(r.get("data-block")) for r in rects(root, "held")}
+    assert held == {r: sl.local_block((4, 7, 6), mesh, nd, r) for r in range(8)}
+    cells = {c.get("data-holders") for c in rects(root, "cell")}
+    assert cells == {"0,1", "2,3", "4,5", "6,7"}
+    assert pic.local_types() == ["f32[2,4,6]", "f32[2,3,6]"]
+
+
+def test_type_strings():
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]], axis_names=("dp", "tp"))
+    assert type_string((8, 4), mesh, "S(0), B") == "f32[8@dp,4]"
+    assert type_string((8, 4), mesh, "S(0), S(0)") == "f32[8@(dp,tp),4]"
+    assert type_string((8, 4), mesh, "P(max), S(-1)", torch.bfloat16) == "bf16[8,4@tp]{P(max):dp}"
+    assert type_string((8, 4), mesh, "P, P", "int64") == "i64[8,4]{P:dp,tp}"
+    pic = layout_picture(torch.Size([9, 4]), mesh, "S(0), B", name="w")
+    assert pic.summary() == "w: f32[9@dp,4] (S(0), B) local f32[5,4] | f32[4,4]"
+
+
+def test_bad_input_gives_clear_errors():
+    mesh = sl.Placement("cpu", 4)
+    with pytest.raises(LayoutError, match=r"dim 0 has 3 elements .* split into 4 parts"):
+        layout_picture((3, 5), mesh, "S(0)")
+    with pytest.raises(ValueError, match="2 entries but the placement's mesh has 1 axes"):
+        layout_picture((8, 5), mesh, "S(0), B")
+    with pytest.raises(ValueError, match="S\\(2\\) is out of range for a 2-D tensor"):
+        layout_picture((8, 5), mesh, "S(2)")
+    with pytest.raises(ValueError, match="needs placement= and sbp="):
+        layout_picture((8, 5))
+
+
+def test_picture_of_a_global_tensor_matches_its_shards_and_reprs():
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    x = sl.tensor(torch.randn(7, 6, dtype=torch.float16), placement=mesh, sbp="S(0), S(1)")
+    pic = layout_picture(x, name="h")
+    assert pic.summary().startswith("h: f16[7@axis0,6@axis1]")
+    for rank, local in x.shards.items():
+        assert pic.block_of(rank).local_shape == tuple(local.shape)
+        assert pic.local_type(rank) == f"f16[{','.join(map(str, local.shape))}]"
+    html = pic._repr_html_()
+    assert html.count("<svg") == 1 and "f16[4,3]" in html and "f16[3,3]" in html
+    ET.fromstring(pic._repr_svg_())  # well-formed
+
+
+_sbp1 = st.one_of(st.just("B"), st.just("P"), st.integers(0, 2).map(lambda d: f"S({d})"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+       mesh_shape=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+       entries=st.lists(_sbp1, min_size=3, max_size=3))
+def test_picture_blocks_partition_the_tensor(shape, mesh_shape, entries):
+    n = math.prod(mesh_shape)
+    mesh = sl.Placement("cpu", torch.arange(n).reshape(mesh_shape).tolist())
+    fit = [e if not e.startswith("S") or int(e[2]) < len(shape) else "B" for e in entries[:len(mesh_shape)]]
+    sbp = ", ".join(fit)
+    try:
+        pic = layout_picture(tuple(shape), mesh, sbp)
+    except LayoutError:
+        return
+    nd = pic.sbp
+    root = svg_tree(pic)
+    held = {int(r.get("data-rank")): parse_block(r.get("data-block")) for r in rects(root, "held")}
+    assert held == {r: sl.local_block(shape, mesh, nd, r) for r in mesh.rank_list}
+    # the distinct cells tile each slab exactly once
+    cells = [parse_block(c.get("data-block")) for c in rects(root, "cell")]
+    assert len(cells) == len(set(cells))
+    assert sum(math.prod(e - s for s, e in b) for b in cells) == math.prod(shape)
+    for c in rects(root, "cell"):
+        ranks = sorted(int(r) for r in re.split("[+,]", c.get("data-holders")))
+        assert ranks == sorted(r for r, b in held.items() if b == parse_block(c.get("data-block")))
