@@ -17,6 +17,8 @@ from .eager import (
     GlobalTensor, SignatureError, apply, explain, explain_log, from_local, set_default_cluster, tensor,
 )
 from .viz import compare_timelines, layout_picture, timeline, type_string  # noqa: F401  (plotly loads on use)
+from .compiler import SGD, Adam, AdamW, GraphBuilder, Strategy, compile, compile_graph, from_torch, models, presets  # noqa: F401,E501
+from .runtime import LocalCluster  # noqa: F401  (worker processes over torch.distributed)
 
 __all__ = [
     "BoxingPlan", "Cluster", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",

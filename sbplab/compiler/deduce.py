@@ -1,0 +1,292 @@
+"""SBP deduction over a whole training graph, OneFlow-style, with a reason for every choice.
+
+Sources (params, inputs, states) take their hinted SBP, else ``B`` (a state takes its param's).
+Then, op by op in topological order, each op picks one of its n-D signatures: the one with the
+least boxing to feed its inputs (from the SBP their producers left) plus the boxing to bring its
+outputs to any SBP they must end in (a hint, or the SBP of the state an update replaces). Ties
+go to the signature that changes fewer inputs, so an op keeps its producers' SBP when any
+signature accepts it, exactly as OneFlow does. Costs are bytes sent, from ``plan_boxing``.
+
+Gradients need no special case: a batch-split ``x`` times a broadcast ``w`` makes a ``P``
+weight gradient by the signature of ``linear_grad_weight``; the optimizer's signatures then pull
+it to ``B`` (all-reduce) or, when the state is stored ``S(0)``, to ``S(0)`` (reduce-scatter).
+"""
+
+from __future__ import annotations
+
+from ..boxing import BoxingPlan, plan_boxing
+from ..cluster import Cluster
+from ..layout import LayoutError, check_layout
+from ..ops.registry import NdSignature, nd_signatures
+from ..placement import Placement
+from ..sbp import B, Broadcast, NdSbp, Partial, Split, fmt_sbp
+from .ir import Graph, GraphError, OpNode
+from .records import Boxing, OpChoice
+from .staging import assign_placements
+from .strategy import Hint, HintError, Strategy
+
+
+class Deduction:
+    """The result: placement and SBP of every tensor, a signature per op, and every boxing."""
+
+    def __init__(self, graph: Graph, strategy: Strategy, cluster: Cluster | None = None) -> None:
+        self.graph, self.strategy, self.cluster = graph, strategy, cluster
+        self.placement: dict[str, Placement] = {}
+        self.sbp: dict[str, NdSbp] = {}  # as stored (after a store boxing, if any)
+        self.produced: dict[str, NdSbp] = {}  # as the producer's signature made it
+        self.choices: dict[str, OpChoice] = {}
+        self.boxings: list[Boxing] = []
+        self.store_boxing: dict[str, int] = {}
+        self.write_backs: dict[str, int] = {}
+        self.store_hints: dict[str, tuple[NdSbp, Hint]] = {}
+        self.use_hints: dict[str, tuple[NdSbp, Hint]] = {}
+        self._shared: dict[tuple, int] = {}
+        self._plans: dict[tuple, BoxingPlan] = {}
+        self._costs: dict[tuple, int] = {}
+        self._scores: dict[tuple, list] = {}
+
+    # --- boxing plans, cached --------------------------------------------------------------------
+    def plan(self, tensor: str, src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement) -> BoxingPlan:
+        m = self.graph.tensors[tensor].meta
+        key = (m.shape, m.dtype, src, dst, src_pl, dst_pl)
+        p = self._plans.get(key)
+        if p is None:
+            p = plan_boxing(m.shape, src, dst, src_pl, dst_pl if dst_pl != src_pl else None, dtype=m.dtype,
+                            cluster=self.cluster)
+            self._plans[key] = p
+        return p
+
+    def cost(self, tensor: str, src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement) -> int:
+        """Bytes sent to change layout; same-placement costs depend only on the mesh shape."""
+        if src_pl == dst_pl:
+            if is_local_change(src, dst):
+                return 0
+            m = self.graph.tensors[tensor].meta
+            key = (m.shape, m.dtype, src, dst, src_pl.shape)
+            c = self._costs.get(key)
+            if c is None:
+                c = self._costs[key] = self.plan(tensor, src, dst, src_pl, dst_pl).total_bytes
+            return c
+        return self.plan(tensor, src, dst, src_pl, dst_pl).total_bytes
+
+    def _new_boxing(self, **kw) -> Boxing:
+        b = Boxing(id=len(self.boxings), **kw)
+        self.boxings.append(b)
+        return b
+
+    # --- reading a tensor ------------------------------------------------------------------------
+    def read_state(self, tensor: str, phase: str, stage: int) -> tuple[NdSbp, int | None]:
+        """How consumers find ``tensor``: its use SBP (through a shared use boxing) or as stored.
+
+        Updates read the stored layout: a ZeRO parameter is gathered for compute, not for its update.
+        """
+        if tensor not in self.use_hints or phase == "update":
+            return self.sbp[tensor], None
+        use, hint = self.use_hints[tensor]
+        if use == self.sbp[tensor]:
+            return use, None
+        key = ("use", tensor, phase)
+        if key not in self._shared:
+            pl = self.placement[tensor]
+            b = self._new_boxing(tensor=tensor, kind="use", src_sbp=self.sbp[tensor], dst_sbp=use,
+                                 src_placement=pl, dst_placement=pl,
+                                 plan=self.plan(tensor, self.sbp[tensor], use, pl, pl), phase=phase, stage=stage,
+                                 reason=hint.describe())
+            self._shared[key] = b.id
+        return use, self._shared[key]
+
+    def read(self, op: OpNode, tensor: str, want: NdSbp, why: str) -> int | None:
+        """The boxing (shared per tensor, target and phase) that gives ``op`` the tensor as ``want``."""
+        have, via = self.read_state(tensor, op.phase, op.stage)
+        src_pl = self.placement[tensor]
+        if have == want and src_pl == op.placement:
+            if via is not None:
+                self.boxings[via].consumers.append(op.name)
+            return via
+        key = ("in", tensor, want, op.placement, op.phase)
+        # reducing a gradient for its update is the end of the backward pass (as in DDP)
+        phase = "backward" if op.phase == "update" and self.graph.tensors[tensor].role == "grad" else op.phase
+        if key not in self._shared:
+            b = self._new_boxing(tensor=tensor, kind="input", src_sbp=have, dst_sbp=want, src_placement=src_pl,
+                                 dst_placement=op.placement, plan=self.plan(tensor, have, want, src_pl, op.placement),
+                                 phase=phase, stage=op.stage, reason=why, source=via)
+            self._shared[key] = b.id
+        b = self.boxings[self._shared[key]]
+        b.consumers.append(op.name)
+        return b.id
+
+    # --- queries ---------------------------------------------------------------------------------
+    def explain(self, op_name: str) -> str:
+        """Why ``op_name`` got its signature: inputs as found, the choice, the runners-up."""
+        op = self.graph.op_by_name[op_name]
+        c = self.choices[op_name]
+        lines = [f"{op.name} = {op.type}({', '.join(op.inputs)}) on {op.placement}, stage {op.stage}, {op.phase}"]
+        for i, t in enumerate(op.inputs):
+            have = self.read_state(t, op.phase, op.stage)[0]
+            via = c.reads[i]
+            how = f"boxed {self.boxings[via].describe()}" if via is not None else "read as is"
+            lines.append(f"  input {t}: {fmt_sbp(have)}, needs {fmt_sbp(c.signature.inputs[i])}: {how}")
+        lines.append(f"  chosen {c.signature} ({c.cost} B of boxing): {c.reason}")
+        for sig, cost in c.rejected:
+            lines.append(f"  rejected {sig}: {cost} B")
+        for o in op.outputs:
+            if o in self.store_boxing:
+                lines.append(f"  output {self.boxings[self.store_boxing[o]].describe()}")
+        return "\n".join(lines)
+
+    def collective_boxings(self, phase: str | None = None) -> list[Boxing]:
+        """Boxings that talk (any step other than a local slice or zero fill)."""
+        return [b for b in self.boxings if (phase is None or b.phase == phase)
+                and any(k not in ("slice", "zero") for k in b.plan.kinds)]
+
+    def total_bytes(self) -> int:
+        return sum(b.bytes for b in self.boxings)
+
+
+def is_local_change(src: NdSbp, dst: NdSbp) -> bool:
+    """True when going from ``src`` to ``dst`` is a local slice or zero fill on every rank (0 bytes).
+
+    Each changed axis must go B -> anything or S(d) -> P; a B -> S(d) or S(d) -> P on axis a is only
+    local if no later axis splits dim d too (nested splits would move the blocks). Conservative:
+    False sends the question to the planner.
+    """
+    for a, (x, y) in enumerate(zip(src, dst)):
+        if x == y:
+            continue
+        if isinstance(x, Broadcast) and isinstance(y, Partial):
+            continue
+        d = y.dim if isinstance(x, Broadcast) and isinstance(y, Split) else \
+            x.dim if isinstance(x, Split) and isinstance(y, Partial) else None
+        if d is None:
+            return False
+        later = list(src[a + 1:]) + list(dst[a + 1:])
+        if any(isinstance(z, Split) and z.dim == d for z in later):
+            return False
+    return True
+
+
+def _freeze(attrs: dict) -> tuple:
+    return tuple(sorted(attrs.items()))
+
+
+def _candidates(graph: Graph, op: OpNode) -> list[NdSignature]:
+    metas = [graph.tensors[i].meta for i in op.inputs]
+    try:
+        return nd_signatures(op.type, metas, op.attrs, op.placement)
+    except (ValueError, TypeError) as e:
+        raise GraphError(f"op {op.name!r} ({op.type}): cannot list its signatures: {e}") from e
+
+
+def _source_sbps(d: Deduction) -> None:
+    g, nd = d.graph, d.strategy.mesh_ndim
+    all_b = tuple(B for _ in range(nd))
+    for name in g.sources():
+        t = g.tensors[name]
+        if name in d.store_hints:
+            d.sbp[name] = d.store_hints[name][0]
+        elif t.role == "state":
+            owner = next((op.inputs[0] for op in g.consumers(name) if op.phase == "update"), name)
+            d.sbp[name] = d.sbp.get(owner, all_b) if owner != name else all_b
+        else:
+            d.sbp[name] = all_b
+        d.produced[name] = d.sbp[name]
+
+
+def _check_hints(d: Deduction) -> None:
+    for table in (d.store_hints, d.use_hints):
+        for name, (nd, hint) in table.items():
+            try:
+                check_layout(d.graph.tensors[name].shape, d.placement[name], nd, f"tensor {name!r}")
+            except LayoutError as e:
+                raise HintError(f"{e} (demanded by {hint.describe()})") from None
+
+
+def choose(d: Deduction, op: OpNode, successor_of: dict[str, str]) -> None:
+    g = d.graph
+    cands = _candidates(g, op)
+    pinned = {i: d.store_hints[t] for i, t in enumerate(op.inputs) if t in d.store_hints and d.store_hints[t][1].pin}
+    if pinned:
+        keep = [s for s in cands if all(s.inputs[i] == nd for i, (nd, _) in pinned.items())]
+        if not keep:
+            i, (nd, hint) = next(iter(pinned.items()))
+            raise HintError(
+                f"tensor {op.inputs[i]!r} is pinned to {fmt_sbp(nd)} by {hint.describe()}, but op {op.name!r} "
+                f"({op.type}) has no signature reading it that way with its other inputs; valid signatures: "
+                + "; ".join(map(repr, cands[:8])))
+        cands = keep
+    have = [d.read_state(t, op.phase, op.stage)[0] for t in op.inputs]
+    want_out: dict[int, tuple[NdSbp, Placement, str]] = {}
+    for j, o in enumerate(op.outputs):
+        if o in d.store_hints:
+            want_out[j] = (d.store_hints[o][0], op.placement, d.store_hints[o][1].describe())
+        elif o in successor_of:
+            old = successor_of[o]
+            want_out[j] = (d.sbp[old], d.placement[old], f"it replaces {old} after the step")
+    # identical layers meet identical questions: score once per (op, shapes, attrs, layouts)
+    key = (op.type, tuple(g.tensors[t].meta for t in op.inputs), _freeze(op.attrs), op.placement,
+           tuple(have), tuple(d.placement[t] for t in op.inputs),
+           tuple(sorted((j, w, pl) for j, (w, pl, _) in want_out.items())), len(cands))
+    scored = d._scores.get(key)
+    if scored is None:
+        scored = []
+        for k, sig in enumerate(cands):
+            cost, changes = 0, 0
+            for t, h, w in zip(op.inputs, have, sig.inputs):
+                if h != w or d.placement[t] != op.placement:
+                    changes += 1
+                    cost += d.cost(t, h, w, d.placement[t], op.placement)
+            for j, (w, pl, _) in want_out.items():
+                cost += d.cost(op.outputs[j], sig.outputs[j], w, op.placement, pl)
+            scored.append((cost, changes, k, sig))
+        scored.sort(key=lambda x: x[:3])
+        d._scores[key] = scored
+    cost, changes, _, sig = scored[0]
+    if changes == 0 and cost == 0:
+        reason = "keeps every input's SBP: no boxing"
+    elif cost == 0:
+        reason = f"only local boxing ({changes} input(s) sliced or zero-filled, no bytes sent)"
+    else:
+        reason = f"cheapest signature counting boxing ({cost} B)"
+    if want_out:
+        reason += "; outputs must end as " + ", ".join(
+            f"{op.outputs[j]} {fmt_sbp(w)} ({why})" for j, (w, _, why) in want_out.items())
+    reads = []
+    for i, t in enumerate(op.inputs):
+        why = f"input {i} of {op.type} {op.name!r} under {sig}"
+        reads.append(d.read(op, t, sig.inputs[i], why))
+    d.choices[op.name] = OpChoice(op.name, sig, cost, reads, reason, [(s, c) for c, _, _, s in scored[1:4]])
+    for j, o in enumerate(op.outputs):
+        d.placement[o] = op.placement
+        d.produced[o] = sig.outputs[j]
+        d.sbp[o] = sig.outputs[j]
+        if o in d.store_hints and d.store_hints[o][0] != sig.outputs[j]:
+            w, hint = d.store_hints[o]
+            b = d._new_boxing(tensor=o, kind="store", src_sbp=sig.outputs[j], dst_sbp=w,
+                              src_placement=op.placement, dst_placement=op.placement,
+                              plan=d.plan(o, sig.outputs[j], w, op.placement, op.placement), phase=op.phase,
+                              stage=op.stage, reason=hint.describe())
+            d.store_boxing[o] = b.id
+            d.sbp[o] = w
+
+
+def deduce(graph: Graph, strategy: Strategy, cluster: Cluster | None = None) -> Deduction:
+    """Place every op and give every tensor an SBP; see the module docstring for the rules."""
+    graph.validate()
+    d = Deduction(graph, strategy, cluster)
+    d.placement.update(assign_placements(graph, strategy))
+    d.store_hints, d.use_hints = strategy.resolve_hints(graph)
+    _check_hints(d)
+    _source_sbps(d)
+    successor_of = {new: old for old, new in graph.state_updates.items()}
+    for op in graph.ops:
+        choose(d, op, successor_of)
+    for old, new in graph.state_updates.items():
+        if d.sbp[new] != d.sbp[old] or d.placement[new] != d.placement[old]:
+            pl_new = d.placement[new]
+            b = d._new_boxing(tensor=new, kind="write_back", src_sbp=d.sbp[new], dst_sbp=d.sbp[old],
+                              src_placement=pl_new, dst_placement=d.placement[old],
+                              plan=d.plan(new, d.sbp[new], d.sbp[old], pl_new, d.placement[old]), phase="update",
+                              stage=graph.op_by_name[graph.tensors[new].producer].stage,
+                              reason=f"{new} replaces {old}, which is stored {fmt_sbp(d.sbp[old])}")
+            d.write_backs[old] = b.id
+    return d
