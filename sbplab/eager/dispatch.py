@@ -9,13 +9,18 @@ placement), so a repeated op costs a dictionary lookup plus its kernels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..boxing import plan_boxing
 from ..cluster import Cluster
 from ..ops.registry import (
-    NdSignature, TensorMeta, _freeze, get_op, local_context, nd_signatures,
+    NdSignature,
+    TensorMeta,
+    _freeze,
+    get_op,
+    local_context,
+    nd_signatures,
 )
 from ..placement import Placement
 from ..sbp import NdSbp, as_nd_sbp, fmt_sbp, parse_sbp

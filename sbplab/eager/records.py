@@ -7,9 +7,10 @@ JAX keep asking: "why was an all-gather inserted here, and what did it cost?"
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ..sbp import NdSbp, fmt_sbp
 

@@ -11,7 +11,7 @@ and boxing planner the compiler uses, so there is one set of rules, not two.
 from __future__ import annotations
 
 import itertools
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
