@@ -9,9 +9,10 @@ DOT text where ``dot`` is missing).
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .viz import comm_chart, comm_table, memory_chart, physical_picture, timeline
 from .viz.dot import dot_available
@@ -47,8 +48,8 @@ class LossCheck:
 def _losses_html(check: LossCheck) -> str:
     rows = "".join(f"<tr><td>{i}</td><td>{a:.6f}</td><td>{b:.6f}</td><td>{abs(a - b):.2e}</td></tr>"
                    for i, (a, b) in enumerate(zip(check.parallel, check.reference)))
-    verdict = (f"<span class='ok'>matches single-device PyTorch</span>" if check.ok else
-               f"<span class='bad'>differs from single-device PyTorch</span>")
+    verdict = ("<span class='ok'>matches single-device PyTorch</span>" if check.ok else
+               "<span class='bad'>differs from single-device PyTorch</span>")
     return (f"<p>{verdict} (max |diff| {check.max_abs_diff:.2e}, tolerance {check.tolerance:g})</p>"
             "<table class='losses'><tr><th>step</th><th>sbplab</th><th>torch</th><th>|diff|</th></tr>"
             f"{rows}</table>")
