@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cluster import Cluster
+from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import NdSbp, fmt_sbp
 from .execute import check_shards, run_axis_step, run_move
@@ -22,12 +23,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return short.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} GB"
 
 
 @dataclass(frozen=True)
@@ -84,8 +79,8 @@ class BoxingPlan:
 
     def describe(self) -> str:
         """A readable table: one row per step with its collective, mesh axis, bytes and time."""
-        head = (f"{self.title()}\n{len(self.steps)} step(s), {_fmt_bytes(self.total_bytes)} sent in total, "
-                f"{_fmt_bytes(self.max_bytes_per_rank)} max per rank, ~{self.time_s * 1e6:.2f} us on "
+        head = (f"{self.title()}\n{len(self.steps)} step(s), {fmt_bytes(self.total_bytes)} sent in total, "
+                f"{fmt_bytes(self.max_bytes_per_rank)} max per rank, ~{self.time_s * 1e6:.2f} us on "
                 f"{self.cluster.name}")
         if not self.steps:
             return head + "\nnothing to do: same placement and SBP"
@@ -96,7 +91,7 @@ class BoxingPlan:
             if len(s.groups) > 4:
                 groups += f" +{len(s.groups) - 4}"
             rows.append((str(i), kind, s.axis_text(), f"{fmt_sbp(s.src_sbp)} -> {fmt_sbp(s.dst_sbp)}",
-                         groups or "-", _fmt_bytes(s.max_bytes_per_rank), _fmt_bytes(s.total_bytes),
+                         groups or "-", fmt_bytes(s.max_bytes_per_rank), fmt_bytes(s.total_bytes),
                          f"{s.time_s * 1e6:.2f} us", s.why))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]

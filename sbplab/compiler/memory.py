@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..fmt import fmt_bytes
 from ..layout import local_shape
 from .deduce import Deduction
 from .physical import PhysicalGraph
@@ -51,18 +52,12 @@ class MemoryReport:
     def table(self) -> str:
         rows = [("rank", "params", "grads", "optim state", "activ. peak", "in flight", "peak")]
         for r, m in sorted(self.ranks.items()):
-            rows.append((str(r), _fmt(m.params), _fmt(m.grads), _fmt(m.optimizer_state), _fmt(m.activations_peak),
-                         str(m.micro_batches_in_flight), _fmt(m.peak)))
+            rows.append((str(r), fmt_bytes(m.params), fmt_bytes(m.grads), fmt_bytes(m.optimizer_state), fmt_bytes(m.activations_peak),
+                         str(m.micro_batches_in_flight), fmt_bytes(m.peak)))
         w = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
         return "\n".join("  ".join(v.rjust(x) for v, x in zip(row, w)) for row in rows)
 
 
-def _fmt(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 def memory_report(d: Deduction, phys: PhysicalGraph) -> MemoryReport:

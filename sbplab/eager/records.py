@@ -12,25 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..fmt import fmt_bytes, fmt_time
 from ..sbp import NdSbp, fmt_sbp
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def _fmt_time(s: float) -> str:
-    if s == 0:
-        return "0"
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} us"
-    if s < 1:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.2f} s"
 
 
 @dataclass
@@ -55,7 +38,7 @@ class BoxingRecord:
         dst = fmt_sbp(p.dst_sbp)
         where = "" if p.dst_placement == p.src_placement else f" to {p.dst_placement}"
         head = (f"boxing {self.tensor} {tuple(p.shape)}: {src} -> {dst}{where}  ({self.reason}); "
-                f"{_fmt_bytes(p.total_bytes)} sent in all, est. {_fmt_time(p.time_s)}")
+                f"{fmt_bytes(p.total_bytes)} sent in all, est. {fmt_time(p.time_s)}")
         out = [head]
         if not p.steps:
             out.append("    no data moves")
@@ -96,12 +79,12 @@ class OpRecord:
         how = f" (forced {self.forced})" if self.forced else ""
         out = [f"{self.output} = {self.op}({ins})",
                f"  chosen signature{how}: {self.chosen.signature}  "
-               f"boxing {_fmt_bytes(self.chosen.boxing_bytes)}, est. {_fmt_time(self.chosen.boxing_time_s)}"]
+               f"boxing {fmt_bytes(self.chosen.boxing_bytes)}, est. {fmt_time(self.chosen.boxing_time_s)}"]
         if self.rejected:
             out.append(f"  rejected ({len(self.rejected)}), cheapest first:")
             for c in self.rejected[:max_rejected]:
-                out.append(f"    {str(c.signature):<48} boxing {_fmt_bytes(c.boxing_bytes):>10}, "
-                           f"est. {_fmt_time(c.boxing_time_s)}")
+                out.append(f"    {str(c.signature):<48} boxing {fmt_bytes(c.boxing_bytes):>10}, "
+                           f"est. {fmt_time(c.boxing_time_s)}")
             if len(self.rejected) > max_rejected:
                 out.append(f"    ... {len(self.rejected) - max_rejected} more")
         for b in self.boxings:
@@ -144,7 +127,7 @@ class ExplainLog:
         lines: list[str] = []
         for r in self.records:
             lines += r.lines() if isinstance(r, OpRecord) else r.lines()
-        lines.append(f"total: {len(self.records)} records, {_fmt_bytes(self.total_bytes)} moved, "
+        lines.append(f"total: {len(self.records)} records, {fmt_bytes(self.total_bytes)} moved, "
                      f"steps {self.collectives()}")
         return "\n".join(lines)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..fmt import fmt_bytes
 from .colors import KIND_COLORS, shade
-from .graph_dot import fmt_bytes
 
 MEMORY_PARTS = (  # (label, colour); their sum is RankMemory.peak
     ("parameters", "#4e79a7"),

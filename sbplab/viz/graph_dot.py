@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import fmt_sbp
 from .dot import DotPicture, digraph, edge, node, q
@@ -147,12 +148,6 @@ def _boxing_chain(deduction: Any, via: int) -> list[Any]:
     return chain
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def boxing_style(b: Any) -> dict[str, Any]:

@@ -13,10 +13,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..fmt import fmt_bytes
 from ..sbp import fmt_sbp
 from .colors import device_color
 from .dot import DotPicture, digraph, edge, node, q
-from .graph_dot import PHASE_FILL, fmt_bytes
+from .graph_dot import PHASE_FILL
 from .repeat import collapsed_units, find_repeats, unit_of
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..fmt import fmt_bytes
 from .colors import KIND_COLORS, shade
 
 KINDS = tuple(KIND_COLORS)  # forward, backward, update, communication, other
@@ -137,14 +138,6 @@ def _rows(bars: Iterable[Bar]) -> list[str]:
     return list(dict.fromkeys(b.row for b in sorted(bars, key=key)))
 
 
-def _fmt_bytes(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return "-"
 
 
 def _add_bars(fig: Any, bars: list[Bar], t0: float, row: int | None, col: int | None, legend: bool) -> None:
@@ -156,7 +149,7 @@ def _add_bars(fig: Any, bars: list[Bar], t0: float, row: int | None, col: int | 
             continue
         custom = [[b.args.get("op", b.name), b.args.get("actor", "-"),
                    "-" if b.micro_batch is None else b.micro_batch, b.args.get("sbp", "-"),
-                   _fmt_bytes(b.args.get("bytes")), b.dur_us, b.start_us - t0, b.args.get("step", "-")]
+                   fmt_bytes(b.args.get("bytes")), b.dur_us, b.start_us - t0, b.args.get("step", "-")]
                   for b in sel]
         trace = go.Bar(
             x=[b.dur_us for b in sel], base=[b.start_us - t0 for b in sel], y=[b.row for b in sel],

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import traitlets as t
 
+from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import Split, fmt_sbp, parse_sbp
 from ..viz.layout_picture import LayoutPicture
@@ -53,12 +54,6 @@ def _text(dims: Iterable[int]) -> str:
     return ", ".join(str(int(n)) for n in dims)
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 class SbpPlayground(anywidget.AnyWidget):
@@ -188,7 +183,7 @@ class SbpPlayground(anywidget.AnyWidget):
             {"kind": s.kind + (f"({s.reduce_op})" if s.reduce_op and s.kind != "all_gather" else ""),
              "axis": s.axis_text(), "from": fmt_sbp(s.src_sbp), "to": fmt_sbp(s.dst_sbp),
              "groups": [list(g) for g in s.groups], "max_bytes_per_rank": s.max_bytes_per_rank,
-             "total_bytes": s.total_bytes, "bytes": _fmt_bytes(s.total_bytes),
+             "total_bytes": s.total_bytes, "bytes": fmt_bytes(s.total_bytes),
              "time_us": s.time_s * 1e6, "why": s.why}
             for s in plan.steps
         ]
