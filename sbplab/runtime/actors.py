@@ -1,0 +1,124 @@
+"""What one firing of each kind of actor does, given its input tensors (the wiring is in executor.py)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .specs import Accumulate, Actor, Compute, PlanError, Sink, Source, State
+
+Kernel = Callable[[list, dict], Sequence[torch.Tensor]]
+
+
+def resolve_kernel(op: str) -> Kernel:
+    """A registry op's kernel, or ``"package.module:function"`` imported on the worker."""
+    if ":" in op:
+        mod, _, fn = op.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError) as e:
+            raise PlanError(f"kernel {op!r} cannot be imported on the worker: {e}") from e
+    from ..ops import get_op
+
+    return get_op(op).kernel
+
+
+class Behaviour:
+    """Per-actor state during one run; ``fire(k, inputs)`` returns the outputs (maybe none)."""
+
+    def __init__(self, actor: Actor, micro: int, steps: int, device: torch.device) -> None:
+        self.actor, self.micro, self.steps, self.device = actor, micro, steps, device
+
+    def fire(self, k: int, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        raise NotImplementedError
+
+
+class ComputeB(Behaviour):
+    def __init__(self, actor: Compute, micro: int, steps: int, device: torch.device) -> None:
+        super().__init__(actor, micro, steps, device)
+        self.kernel = resolve_kernel(actor.op)
+        self.attrs = dict(actor.attrs)
+        self.n = actor.outputs
+
+    def fire(self, k, inputs):
+        out = self.kernel(inputs, self.attrs)
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(out) != self.n:
+            raise PlanError(f"op {self.actor.op!r} returned {len(out)} tensors but actor "  # type: ignore
+                            f"{self.actor.name!r} declares outputs={self.n}")
+        return out
+
+
+class SourceB(Behaviour):
+    def __init__(self, actor: Source, micro, steps, device, feed: list[torch.Tensor]) -> None:
+        super().__init__(actor, micro, steps, device)
+        want = steps * micro if actor.scope == "micro" else steps
+        if len(feed) != want:
+            raise PlanError(f"source {actor.name!r} got {len(feed)} shards of feed {actor.feed!r}, "
+                            f"needs {want}")
+        self.feed = feed
+
+    def fire(self, k, inputs):
+        return (self.feed[k].to(self.device, non_blocking=True),)
+
+
+class SinkB(Behaviour):
+    def __init__(self, actor: Sink, micro, steps, device) -> None:
+        super().__init__(actor, micro, steps, device)
+        self.values: list[torch.Tensor] = []
+
+    def fire(self, k, inputs):
+        self.values.append(inputs[0].detach().to("cpu", copy=True))
+        return None
+
+
+class StateB(Behaviour):
+    def __init__(self, actor: State, micro, steps, device) -> None:
+        super().__init__(actor, micro, steps, device)
+        self.value = actor.init.to(device, copy=True)  # type: ignore[union-attr]
+
+    def fire(self, k, inputs):
+        if inputs:  # the update of step k - 1
+            self.value = inputs[0]
+        return (self.value,) if k < self.steps else None
+
+
+class AccumulateB(Behaviour):
+    def __init__(self, actor: Accumulate, micro, steps, device) -> None:
+        super().__init__(actor, micro, steps, device)
+        self.buf: list[torch.Tensor] | None = None
+
+    def fire(self, k, inputs):
+        scale = self.actor.scale  # type: ignore[attr-defined]
+        if k % self.micro == 0:
+            self.buf = [x.clone() if scale == 1.0 else x * scale for x in inputs]
+        else:
+            for b, x in zip(self.buf, inputs):  # type: ignore[arg-type]
+                b.add_(x, alpha=scale)
+        if k % self.micro != self.micro - 1:
+            return None
+        out, self.buf = self.buf, None
+        if self.actor.reduce == "mean":  # type: ignore[attr-defined]
+            out = [b.div_(self.micro) for b in out]  # type: ignore[union-attr]
+        return tuple(out)  # type: ignore[arg-type]
+
+
+def make_behaviour(a: Actor, micro: int, steps: int, device: torch.device,
+                   feeds: dict[str, list[torch.Tensor]]) -> Behaviour | None:
+    """None for communication actors (the comm lane runs those)."""
+    if isinstance(a, Compute):
+        return ComputeB(a, micro, steps, device)
+    if isinstance(a, Source):
+        if a.feed not in feeds:
+            raise PlanError(f"source {a.name!r} reads feed {a.feed!r}, which the batches do not have; "
+                            f"feeds: {sorted(feeds)}")
+        return SourceB(a, micro, steps, device, feeds[a.feed])
+    if isinstance(a, Sink):
+        return SinkB(a, micro, steps, device)
+    if isinstance(a, State):
+        return StateB(a, micro, steps, device)
+    if isinstance(a, Accumulate):
+        return AccumulateB(a, micro, steps, device)
+    return None

@@ -1,0 +1,303 @@
+"""The driver side of a cluster: workers joining, runs, progress, and turning failures into errors.
+
+While a run goes, the driver waits on every worker's connection and process at once. A worker
+error comes back as a message with its traceback; a dead worker shows as a closed connection or
+an ended process; a hang shows as heartbeats in which no rank has finished a firing for
+``timeout`` seconds. In the last two cases the driver asks the surviving workers what they are
+doing, so the error says which actor waits for what.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener, wait
+
+from .executor import RunSpec
+from .faults import RunError, describe_failure
+from .plan import ActorPlan
+from .progress import step_bar
+from .results import Batches, RunResult, assemble_results, cut_feeds
+from .trace import build_trace
+from .wire import recv, send
+
+
+@dataclass
+class RunOptions:
+    steps: int = 1
+    timeout: float = 10.0
+    progress: bool = False
+    params: bool = True
+    trace: bool = True
+
+
+class Driver:
+    def __init__(self, listener: Listener, incoming: queue.SimpleQueue, n: int, device_type: str,
+                 init_method: str, threads: int, procs: list, activity: list) -> None:
+        self.listener, self.incoming, self.n, self.device_type = listener, incoming, n, device_type
+        self.init_method, self.threads, self.procs, self.activity = init_method, threads, procs, activity
+        self.conns: dict[int, Connection] = {}
+        self.info: dict[int, dict] = {}
+        self.healthy = False
+        self.run_id = 0
+        self.plan: ActorPlan | None = None
+
+    # --- joining ------------------------------------------------------------------------------------
+    def connect(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        got = self.incoming
+        pending: list[tuple[Connection, dict]] = []
+        while len(pending) < self.n:
+            self._check_procs("while starting")
+            if time.monotonic() > deadline:
+                raise RunError("setup", f"only {len(pending)} of {self.n} workers joined within "
+                                        f"{timeout:.0f} s (driver at {self.listener.address})")
+            try:
+                conn = got.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if not conn.poll(10):
+                conn.close()
+                continue
+            try:
+                msg = recv(conn)
+            except (EOFError, OSError):
+                continue  # a worker of an earlier start that has gone since
+            if msg[0] == "hello":
+                pending.append((conn, msg[1]))
+        free = [r for r in range(self.n) if r not in {h["rank"] for _, h in pending}]
+        for conn, hello in pending:
+            r = hello["rank"] if 0 <= hello["rank"] < self.n else free.pop(0)
+            if r in self.conns:
+                raise RunError("setup", f"two workers claim rank {r}")
+            if hello.get("world_size") and hello["world_size"] != self.n:
+                raise RunError("setup", f"a worker was launched for world size {hello['world_size']}, "
+                                        f"but the cluster has {self.n} ranks")
+            self.conns[r], self.info[r] = conn, hello
+        def init(r: int, port: int | None) -> None:
+            send(self.conns[r], ("init", {"rank": r, "world_size": self.n, "init_method": self.init_method,
+                                          "device_type": self.device_type, "threads": self.threads,
+                                          "local_rank": self.info[r].get("local_rank", 0),
+                                          "store_port": port}))
+        port = None
+        if self.init_method == "store":  # rank 0 opens the store and says where
+            init(0, None)
+            while port is None:
+                self._check_procs("while opening the rendezvous store")
+                if time.monotonic() > deadline:
+                    raise RunError("setup", "rank 0 did not open the rendezvous store in time", 0)
+                if self.conns[0].poll(0.2):
+                    msg = recv(self.conns[0])
+                    if msg[0] == "init_error":
+                        raise RunError("setup", "rank 0 could not open the rendezvous store", 0,
+                                       worker_traceback=msg[2])
+                    port = msg[1]
+        for r in self.conns:
+            if not (r == 0 and self.init_method == "store"):
+                init(r, port)
+        ready: set[int] = set()
+        while len(ready) < self.n:
+            left = deadline - time.monotonic()
+            self._check_procs("while initialising torch.distributed")
+            if left <= 0:
+                raise RunError("setup", f"ranks {sorted(set(self.conns) - ready)} did not finish "
+                                        f"init_process_group in time")
+            for conn in wait([c for r, c in self.conns.items() if r not in ready], timeout=min(left, 0.2)):
+                r = next(k for k, c in self.conns.items() if c is conn)
+                msg = recv(conn)
+                if msg[0] == "init_error":
+                    raise RunError("setup", f"rank {r} failed to join the process group", r,
+                                   worker_traceback=msg[2])
+                ready.add(r)
+        self.healthy = True
+
+    def _check_procs(self, when: str) -> None:
+        for r, p in enumerate(self.procs):
+            if not p.is_alive():
+                raise RunError("setup", f"worker rank {r} exited with code {p.exitcode} {when}", r)
+
+    # --- clocks ------------------------------------------------------------------------------------
+    def offsets(self, pings: int = 5) -> dict[int, int]:
+        """Worker clock minus driver clock (ns), from the ping with the shortest round trip."""
+        out = {}
+        for r, conn in self.conns.items():
+            best = None
+            for _ in range(pings):
+                t0 = time.perf_counter_ns()
+                send(conn, ("clock",))
+                msg = recv(conn)
+                t1 = time.perf_counter_ns()
+                if best is None or t1 - t0 < best[0]:
+                    best = (t1 - t0, msg[1] - (t0 + t1) // 2)
+            out[r] = best[1]  # type: ignore[index]
+        return out
+
+    # --- a run --------------------------------------------------------------------------------------
+    def run(self, plan: ActorPlan, batches: Batches | None, opts: RunOptions) -> RunResult:
+        steps = opts.steps
+        feeds = cut_feeds(plan, batches, steps)
+        offsets = self.offsets()
+        self.run_id += 1
+        self.plan = plan
+        groups, pairs = plan.groups(), plan.pairs()
+        t_start = time.perf_counter_ns()
+        for r, conn in self.conns.items():
+            spec = RunSpec(self.run_id, plan.ranks[r], plan.micro_batches, plan.rank_order(r), steps,
+                           feeds[r], groups, pairs, opts.timeout, opts.params, opts.trace, plan.imports)
+            send(conn, ("run", spec))
+        bar = step_bar(steps, opts.progress, desc=plan.name)
+        results: dict[int, dict] = {}
+        now = time.monotonic()
+        last_progress = {r: now for r in self.conns}
+        last_beat = {r: now for r in self.conns}
+        steps_seen = {r: 0 for r in self.conns}
+        shown = 0
+        by_conn = {c: r for r, c in self.conns.items()}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
+        try:
+            while len(results) < self.n:
+                for obj in wait(list(by_conn) + list(by_sentinel), timeout=0.1):
+                    if obj in by_sentinel:
+                        self._died(by_sentinel[obj], plan)
+                    r = by_conn[obj]
+                    try:
+                        msg = recv(obj)
+                    except (EOFError, OSError):
+                        self._died(r, plan)
+                    now = time.monotonic()
+                    last_beat[r] = now
+                    if msg[0] == "beat" and msg[1] == self.run_id:
+                        steps_seen[r] = msg[3]
+                        last_progress[r] = now - msg[4]
+                    elif msg[0] == "done" and msg[1] == self.run_id:
+                        results[r] = msg[3]
+                        steps_seen[r] = steps
+                    elif msg[0] == "error" and msg[1] == self.run_id:
+                        self.healthy = False
+                        raise describe_failure(msg[2])
+                low = min(steps_seen.values())
+                if low > shown:
+                    bar.update(low - shown)
+                    shown = low
+                now = time.monotonic()
+                active = [r for r in self.conns if r not in results]
+                if active and now - max(last_progress[r] for r in active) > opts.timeout:
+                    self._hang(plan, opts.timeout, f"no rank finished a firing for {opts.timeout:.1f} s")
+                silent = [r for r in active if now - last_beat[r] > opts.timeout + 5]
+                if silent:
+                    self._hang(plan, opts.timeout,
+                               f"rank {silent[0]} stopped answering for {opts.timeout + 5:.0f} s")
+        except BaseException:
+            self.healthy = False
+            raise
+        finally:
+            bar.close()
+        wall = (time.perf_counter_ns() - t_start) / 1e9
+        outputs, params = assemble_results(plan, steps, results)
+        trace = build_trace(plan, steps, {r: res["trace"] for r, res in results.items()}, offsets, t_start) \
+            if opts.trace else None
+        losses = [float(v.reshape(-1)[0]) if v.numel() == 1 else float("nan")
+                  for v in outputs.get("loss", [])]
+        res = RunResult(losses, outputs, params, steps=steps, wall_s=wall)
+        if trace is not None:
+            res.trace = trace
+        return res
+
+    # --- failures -------------------------------------------------------------------------------------
+    def _statuses(self, skip: set[int]) -> dict[int, list[dict]]:
+        asked = {}
+        for r, c in self.conns.items():
+            if r in skip:
+                continue
+            try:
+                send(c, ("status",))
+                asked[r] = c
+            except OSError:
+                continue
+        out: dict[int, list[dict]] = {}
+        deadline = time.monotonic() + 2.0
+        while asked and time.monotonic() < deadline:
+            for c in wait(list(asked.values()), timeout=0.1):
+                r = next(k for k, v in asked.items() if v is c)
+                try:
+                    msg = recv(c)
+                except (EOFError, OSError):
+                    asked.pop(r)
+                    continue
+                if msg[0] == "status":
+                    out[r] = msg[2]
+                    asked.pop(r)
+        return out
+
+    def _died(self, r: int, plan: ActorPlan) -> None:
+        self.healthy = False
+        p = self.procs[r] if r < len(self.procs) else None
+        if p is not None:
+            p.join(timeout=1)
+        code = f" with exit code {p.exitcode}" + (" (SIGKILL)" if p.exitcode == -9 else "") if p else ""
+        actor = op = None
+        where = ""
+        if r < len(self.activity):
+            act = self.activity[r]
+            actors = plan.ranks[r].actors
+            if act[0] > 0:
+                a = actors[act[0] - 1]
+                actor, op = a.name, a.label
+                where = f"; its last compute firing was {a.name!r} ({a.label}) firing {act[1]}"
+            if act[2] > 0:
+                a = actors[act[2] - 1]
+                where += f"; its last communication was {a.name!r} ({a.label}) firing {act[3]}"
+        status = self._statuses({r})
+        lines = [f"worker rank {r} (pid {self.info.get(r, {}).get('pid')}) died{code} during the run{where}."]
+        lines += [f"  rank {q}: {s['text']}" for q, ss in sorted(status.items()) for s in ss]
+        raise RunError("died", "\n".join(lines), r, actor, op, status=status)
+
+    def _hang(self, plan: ActorPlan, timeout: float, why: str) -> None:
+        self.healthy = False
+        status = self._statuses(set())
+        lines = [f"run of {plan.name!r} hung: {why}."]
+        culprit = None
+        tb = ""
+        for r, ss in sorted(status.items()):
+            for s in ss:
+                lines.append(f"  rank {r}: {s['text']}")
+                if s.get("stack"):
+                    tb = s["stack"]
+                if s.get("actor") and (culprit is None or s["what"] == "compute"):
+                    culprit = (r, s)
+        missing = sorted(set(self.conns) - set(status))
+        if missing:
+            lines.append(f"  ranks {missing} did not answer")
+        r, s = culprit if culprit else (missing[0] if missing else None, {})
+        raise RunError("hang", "\n".join(lines), r, s.get("actor"), s.get("op"), tb, status)
+
+    # --- shutting down ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        for c in self.conns.values():
+            try:
+                send(c, ("close",))
+            except OSError:
+                pass
+        self.healthy = False
+
+    def close_connections(self) -> None:
+        for c in self.conns.values():
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.conns = {}
+        self.healthy = False
+
+
+def accept_forever(listener: Listener, incoming: queue.SimpleQueue) -> None:
+    """Hand every authenticated connection to ``incoming`` until the listener closes."""
+    while True:
+        try:
+            incoming.put(listener.accept())
+        except AuthenticationError:
+            continue  # a stranger without the token
+        except OSError:
+            return

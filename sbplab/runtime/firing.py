@@ -1,0 +1,168 @@
+"""The firing rule of one rank's actors, as counters: shared by the runtime and the schedule simulator.
+
+Each actor fires ``total`` times per run, in order. Firing ``k`` may start when
+
+- for every input register (producer p, output j), p has produced the output that firing k reads
+  (same scope: output k; a micro consumer of a step register: output k // M; a State's update:
+  output k - 1), and
+- if firing k produces output o, fewer than ``registers`` outputs are alive: o < released + registers,
+  where ``released`` counts the outputs every consumer has acked (acks arrive in order per consumer,
+  so releases are in order too).
+
+Finishing a firing produces its output (in order, even if comm firings complete out of order) and
+acks the registers it read. The counters never decrease, so whether an actor can fire only ever
+goes from False to True until it fires: that monotonicity is why a fixed communication order that
+worked once (in simulation) cannot deadlock under other timings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .specs import Accumulate, Actor, State
+
+
+@dataclass
+class Node:
+    """Counters of one actor during a run."""
+
+    actor: Actor
+    index: int
+    total: int  # firings this run
+    n_out: int  # outputs produced this run
+    inputs: list[tuple[int, int, str]] = field(default_factory=list)  # (producer, out idx, mode)
+    consumers: list[int] = field(default_factory=list)  # node indices reading any output (with repeats)
+    needed_acks: int = 0  # acks that release one output
+    started: int = 0
+    done_upto: int = 0  # firings finished, contiguous
+    done_extra: set[int] = field(default_factory=set)
+    produced: int = 0
+    released: int = 0
+    acks: dict[int, int] = field(default_factory=dict)  # output number -> acks so far
+
+
+class FiringGraph:
+    """Counters for every actor of one rank over ``steps`` steps of ``micro`` micro-batches."""
+
+    def __init__(self, actors: list[Actor], micro: int, steps: int) -> None:
+        self.micro, self.steps = micro, steps
+        self.names = {a.name: i for i, a in enumerate(actors)}
+        self.nodes: list[Node] = []
+        for i, a in enumerate(actors):
+            total = steps * micro if a.scope == "micro" else steps
+            n_out = steps if a.out_scope == "step" else total
+            if isinstance(a, State) and a.update is not None:
+                total = steps + 1  # the last firing absorbs the final update
+            self.nodes.append(Node(a, i, total, n_out if a.num_outputs else 0))
+        for node in self.nodes:
+            a = node.actor
+            refs = list(a.inputs)
+            for ref in refs:
+                p = self.nodes[self.names[ref.actor]]
+                mode = "same" if p.actor.out_scope == a.scope else "per_step"
+                node.inputs.append((p.index, ref.index, mode))
+            if isinstance(a, State) and a.update is not None:
+                p = self.nodes[self.names[a.update.actor]]
+                node.inputs.append((p.index, a.update.index, "lag"))
+        for node in self.nodes:
+            for p, _, mode in node.inputs:
+                prod = self.nodes[p]
+                prod.consumers.append(node.index)
+                prod.needed_acks += micro if mode == "per_step" else 1
+
+    # --- what firing k reads and writes ----------------------------------------------------------
+    def out_number(self, node: Node, k: int) -> int | None:
+        """The output firing k produces, or None."""
+        if node.n_out == 0:
+            return None
+        a = node.actor
+        if isinstance(a, Accumulate):
+            return k // self.micro if k % self.micro == self.micro - 1 else None
+        if isinstance(a, State):
+            return k if k < self.steps else None
+        return k
+
+    def in_number(self, mode: str, k: int) -> int | None:
+        if mode == "same":
+            return k
+        if mode == "per_step":
+            return k // self.micro
+        return k - 1 if k >= 1 else None  # lag
+
+    def register_number(self, node: Node, k: int) -> int | None:
+        """The output register firing k needs free (an Accumulate holds it for the whole step)."""
+        if node.n_out == 0:
+            return None
+        if isinstance(node.actor, Accumulate):
+            return k // self.micro
+        return self.out_number(node, k)
+
+    # --- the rule -----------------------------------------------------------------------------------
+    def can_fire(self, i: int) -> bool:
+        node = self.nodes[i]
+        k = node.started
+        if k >= node.total:
+            return False
+        for p, _, mode in node.inputs:
+            o = self.in_number(mode, k)
+            if o is not None and self.nodes[p].produced <= o:
+                return False
+        o = self.register_number(node, k)
+        return o is None or o < node.released + node.actor.registers
+
+    def waiting_for(self, i: int) -> str:
+        """Why actor i cannot fire now (for deadlock and hang reports)."""
+        node = self.nodes[i]
+        k = node.started
+        if k >= node.total:
+            return "finished"
+        for p, j, mode in node.inputs:
+            o = self.in_number(mode, k)
+            if o is not None and self.nodes[p].produced <= o:
+                return f"input {self.nodes[p].actor.name}[{j}] output #{o}"
+        o = self.register_number(node, k)
+        if o is not None and o >= node.released + node.actor.registers:
+            return f"a free register (all {node.actor.registers} held by unacked outputs)"
+        return "ready"
+
+    def start(self, i: int) -> int:
+        node = self.nodes[i]
+        node.started += 1
+        return node.started - 1
+
+    def finish(self, i: int, k: int) -> list[int]:
+        """Record that firing k of actor i finished; returns the actors whose state changed."""
+        node = self.nodes[i]
+        node.done_extra.add(k)
+        touched: list[int] = [i]
+        while node.done_upto in node.done_extra:
+            kk = node.done_upto
+            node.done_extra.discard(kk)
+            node.done_upto += 1
+            o = self.out_number(node, kk)
+            if o is not None:
+                node.produced = o + 1
+                if node.needed_acks == 0:
+                    node.released = node.produced
+                touched.extend(node.consumers)
+            for p, _, mode in node.inputs:
+                oi = self.in_number(mode, kk)
+                if oi is None:
+                    continue
+                prod = self.nodes[p]
+                prod.acks[oi] = prod.acks.get(oi, 0) + 1
+                while prod.acks.get(prod.released, 0) >= prod.needed_acks and prod.released < prod.produced:
+                    del prod.acks[prod.released]
+                    prod.released += 1
+                    touched.append(p)
+        return touched
+
+    def finished(self) -> bool:
+        return all(n.done_upto >= n.total for n in self.nodes)
+
+    def micro_of(self, node: Node, k: int) -> int:
+        """The micro-batch (within its step) of firing k; step-scope firings report -1."""
+        return k % self.micro if node.actor.scope == "micro" else -1
+
+    def step_of(self, node: Node, k: int) -> int:
+        return k // self.micro if node.actor.scope == "micro" else k

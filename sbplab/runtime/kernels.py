@@ -1,0 +1,135 @@
+"""Plain kernels for hand-built actor plans, referred to as ``"sbplab.runtime.kernels:NAME"``.
+
+Compiled plans use registry ops; these few exist so a plan can be written by hand to learn the
+runtime (a linear layer's forward, backward and SGD step, a loss) and to exercise it (an empty
+kernel for overhead, a delay for unequal stage costs, a failing kernel for fault handling).
+Every kernel is ``f(inputs: list[Tensor], attrs: dict) -> tuple[Tensor, ...]``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+_EMPTY = torch.empty(0)
+
+
+def noop(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Does nothing: passes its first input through (or an empty tensor)."""
+    return (inputs[0] if inputs else _EMPTY,) * attrs.get("outputs", 1)
+
+
+def delay(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Sleeps ``ms`` milliseconds, then passes its inputs through: a stage of known cost."""
+    time.sleep(attrs.get("ms", 1.0) / 1000.0)
+    return tuple(inputs) if inputs else (_EMPTY,)
+
+
+def fail(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Raises (or, with ``kill=True``, kills its own process): for fault handling."""
+    if attrs.get("kill"):
+        os.kill(os.getpid(), 9)
+    raise RuntimeError(attrs.get("message", "kernel failed on purpose"))
+
+
+def matmul(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """x @ w: (m, k) x (k, n) -> (m, n)."""
+    x, w = inputs
+    return (x @ w,)
+
+
+def matmul_tn(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """a^T @ b: a weight's gradient from the layer input and the output gradient."""
+    a, b = inputs
+    return (a.transpose(-1, -2) @ b,)
+
+
+def matmul_nt(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """a @ b^T: an input's gradient from the output gradient and the weight."""
+    a, b = inputs
+    return (a @ b.transpose(-1, -2),)
+
+
+def relu(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    return (torch.relu(inputs[0]),)
+
+
+def relu_backward(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """(relu input, output gradient) -> input gradient."""
+    x, dy = inputs
+    return (dy * (x > 0).to(dy.dtype),)
+
+
+def mse_loss(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """(prediction, target) -> (sum((y - t)^2) / norm, its gradient wrt y).
+
+    ``norm`` is the element count of the GLOBAL batch (or micro-batch), so shards of a
+    batch-split prediction hold addends of the mean: the loss comes out partial-sum (P).
+    """
+    y, t = inputs
+    d = y - t
+    norm = float(attrs.get("norm", d.numel()))
+    return ((d * d).sum() / norm, d * (2.0 / norm))
+
+
+def sgd(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """(param, grad) -> param - lr * grad."""
+    w, g = inputs
+    return (w - attrs["lr"] * g,)
+
+
+def sgd_momentum(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """(param, grad, buf) -> (new param, new buf), torch.optim.SGD's rule with dampening 0."""
+    w, g, buf = inputs
+    nb = buf * attrs["momentum"] + g
+    return (w - attrs["lr"] * nb, nb)
+
+
+def add(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """The sum of all inputs (a join of branches)."""
+    out = inputs[0]
+    for x in inputs[1:]:
+        out = out + x
+    return (out,)
+
+
+# --- local boxing steps and moves (lowered from a physical graph) --------------------------------
+def narrow_piece(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """B -> S(dim) on one rank: keep my balanced piece ``[start, start + length)`` of ``dim``."""
+    return (inputs[0].narrow(attrs["dim"], attrs["start"], attrs["length"]).clone(),)
+
+
+def to_partial(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """B or S(dim) -> P on one rank.
+
+    mode "keep": this rank keeps the value; "fill": it holds the reduce op's identity instead;
+    "embed": my S piece placed at ``start`` of ``dim`` inside a ``shape`` buffer of the identity.
+    """
+    from ..layout import partial_fill
+
+    x = inputs[0]
+    mode = attrs["mode"]
+    if mode == "keep":
+        return (x.clone(),)
+    if mode == "fill":
+        return (partial_fill(attrs["fill"], x),)
+    buf = partial_fill(attrs["fill"], x.new_empty(tuple(attrs["shape"])))
+    buf.narrow(attrs["dim"], attrs["start"], x.shape[attrs["dim"]]).copy_(x)
+    return (buf,)
+
+
+def take_block(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """The region ``take`` ((start, stop) per dim, local coordinates) of the input, contiguous."""
+    sl = tuple(slice(a, b) for a, b in attrs["take"])
+    return (inputs[0][sl].contiguous(),)
+
+
+def put_blocks(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Assemble a ``shape`` tensor: input j's region ``takes[j]`` goes to region ``puts[j]``."""
+    out = torch.empty(tuple(attrs["shape"]), dtype=inputs[0].dtype, device=inputs[0].device)
+    for x, take, put in zip(inputs, attrs["takes"], attrs["puts"]):
+        src = x if take is None else x[tuple(slice(a, b) for a, b in take)]
+        out[tuple(slice(a, b) for a, b in put)] = src
+    return (out,)

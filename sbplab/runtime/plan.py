@@ -1,0 +1,250 @@
+"""ActorPlan: the per-rank actors of a parallel training step and the one order of all communication.
+
+The compiler lowers a physical graph to this; hand-built plans (tests, tutorials) use it directly.
+Actor kinds live in ``specs.py``; the firing rule in ``firing.py``.
+
+Matching across ranks is by name: a collective is the actor of that name on every member of its
+group (same kind, group and sizes everywhere); a send matches the receive on its peer with the
+same tag.
+
+``comm_order`` is one step's communication, globally ordered: ``CommSlot(rank, actor, micro)``
+entries, ``micro`` being the micro-batch within the step (-1 for a step-scope actor). Each rank
+issues its own slots in this order every step. Every channel (a collective group, or a pair of
+ranks for send/recv) then sees the same sequence on all its members, which is what NCCL needs.
+If a plan has no ``comm_order`` the runtime derives one by simulating the actors
+(``schedule.derive_comm_order``), which also proves the register counts cannot deadlock; a given
+order is replayed the same way (``schedule.check_comm_order``) and refused if it would deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .specs import Actor, Collective, PlanError, Recv, Send, describe
+
+_MATCH_FIELDS = ("kind_", "group", "reduce_op", "dim", "cat_dim", "sizes", "cat_sizes", "src", "scope")
+
+
+@dataclass(frozen=True, order=True)
+class CommSlot:
+    """One communication firing in the global order: ``actor`` on ``rank`` for micro-batch ``micro``."""
+
+    rank: int
+    actor: str
+    micro: int = -1
+
+
+def channel_of(rank: int, a: Actor) -> tuple:
+    """Which communicator an actor uses: its group for collectives, the rank pair for send/recv."""
+    if isinstance(a, Collective):
+        return ("group",) + a.group
+    peer = a.peer  # type: ignore[attr-defined]
+    return ("pair", min(rank, peer), max(rank, peer))
+
+
+def match_key(rank: int, a: Actor, micro: int) -> tuple:
+    """The same value on every rank taking part in one communication."""
+    if isinstance(a, Collective):
+        return ("coll", a.name, micro)
+    if isinstance(a, Send):
+        return ("p2p", rank, a.peer, a.tag, micro)
+    return ("p2p", a.peer, rank, a.tag, micro)  # Recv
+
+
+@dataclass
+class RankPlan:
+    """The actors of one rank, in any order (declaration order breaks ties when several are ready)."""
+
+    rank: int
+    actors: list[Actor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.actors = list(self.actors)
+        self.by_name: dict[str, Actor] = {}
+        for a in self.actors:
+            if not isinstance(a, Actor):
+                raise PlanError(f"rank {self.rank}: {a!r} is not an actor spec")
+            if a.name in self.by_name:
+                raise PlanError(f"rank {self.rank}: two actors are named {a.name!r}")
+            self.by_name[a.name] = a
+        for a in self.actors:
+            refs = list(a.inputs) + ([a.update] if getattr(a, "update", None) is not None else [])
+            for ref in refs:
+                p = self.by_name.get(ref.actor)
+                if p is None:
+                    raise PlanError(f"rank {self.rank}: actor {a.name!r} reads {ref.actor!r}, which no actor "
+                                    f"on this rank is named; actors here: {sorted(self.by_name)}")
+                if ref.index >= p.num_outputs:
+                    raise PlanError(f"rank {self.rank}: actor {a.name!r} reads output {ref.index} of "
+                                    f"{p.name!r}, which has {p.num_outputs} outputs")
+                if p.out_scope == "micro" and a.scope == "step":
+                    raise PlanError(f"rank {self.rank}: step actor {a.name!r} reads micro-batch register "
+                                    f"{ref!r}; put an Accumulate between them")
+            upd = getattr(a, "update", None)
+            if upd is not None and self.by_name[upd.actor].out_scope != "step":
+                raise PlanError(f"rank {self.rank}: state {a.name!r} is updated by {upd!r}, which is "
+                                f"produced per micro-batch; updates must be step-scope")
+
+    @property
+    def comm_actors(self) -> list[Actor]:
+        return [a for a in self.actors if a.lane == "comm"]
+
+    def dump(self) -> str:
+        return "\n".join([f"rank {self.rank}:"] + ["  " + describe(a) for a in self.actors])
+
+
+@dataclass
+class ActorPlan:
+    """What every rank runs.
+
+    world_size: number of ranks (global ranks 0..world_size-1); ranks without actors idle.
+    ranks: per rank its RankPlan (a list of actors is accepted too).
+    device_type: "cpu" (Gloo, threads) or "cuda" (NCCL, one GPU per rank, CUDA streams).
+    micro_batches: micro-batches per step; micro actors fire this many times per step.
+    comm_order: the global order of one step's communication (see module doc); None: derived.
+    name: shown in traces and errors.
+    imports: modules every worker imports before building actors (ones that register ops).
+    """
+
+    world_size: int
+    ranks: dict[int, RankPlan] = field(default_factory=dict)
+    device_type: str = "cpu"
+    micro_batches: int = 1
+    comm_order: tuple[CommSlot, ...] | None = None
+    name: str = "plan"
+    imports: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise PlanError(f"world_size must be >= 1, got {self.world_size}")
+        if self.device_type not in ("cpu", "cuda"):
+            raise PlanError(f"device_type must be 'cpu' or 'cuda', got {self.device_type!r}")
+        if self.micro_batches < 1:
+            raise PlanError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        ranks: dict[int, RankPlan] = {}
+        items = self.ranks.items() if isinstance(self.ranks, Mapping) else enumerate(self.ranks)
+        for r, rp in items:
+            if not 0 <= r < self.world_size:
+                raise PlanError(f"rank {r} is outside 0..{self.world_size - 1}")
+            ranks[r] = rp if isinstance(rp, RankPlan) else RankPlan(r, list(rp))
+            if ranks[r].rank != r:
+                raise PlanError(f"RankPlan for rank {ranks[r].rank} is filed under rank {r}")
+        for r in range(self.world_size):
+            ranks.setdefault(r, RankPlan(r, []))
+        self.ranks = dict(sorted(ranks.items()))
+        self._check_matching()
+        if self.comm_order is None:
+            from .schedule import derive_comm_order
+
+            self.comm_order = derive_comm_order(self)
+        else:
+            from .schedule import check_comm_order
+
+            self.comm_order = tuple(self.comm_order)
+            self._check_order()
+            check_comm_order(self)
+
+    # --- cross-rank checks ----------------------------------------------------------------------
+    def _check_matching(self) -> None:
+        sends: dict[tuple, str] = {}
+        recvs: dict[tuple, str] = {}
+        for r, rp in self.ranks.items():
+            for a in rp.comm_actors:
+                if isinstance(a, Collective):
+                    if r not in a.group:
+                        raise PlanError(f"rank {r}: collective {a.name!r} has group {a.group} without "
+                                        f"rank {r}")
+                    for m in a.group:
+                        if m >= self.world_size:
+                            raise PlanError(f"collective {a.name!r}: rank {m} >= world_size "
+                                            f"{self.world_size}")
+                        other = self.ranks[m].by_name.get(a.name)
+                        if not isinstance(other, Collective):
+                            raise PlanError(f"collective {a.name!r} on rank {r} (group {a.group}) has no "
+                                            f"collective of that name on rank {m}")
+                        for f in _MATCH_FIELDS:
+                            if getattr(a, f) != getattr(other, f):
+                                raise PlanError(f"collective {a.name!r}: {f} is {getattr(a, f)!r} on rank "
+                                                f"{r} but {getattr(other, f)!r} on rank {m}")
+                else:
+                    peer = a.peer  # type: ignore[attr-defined]
+                    if peer >= self.world_size or peer == r:
+                        raise PlanError(f"rank {r}: {a.kind} {a.name!r} has peer {peer}; valid peers are the "
+                                        f"other ranks 0..{self.world_size - 1}")
+                    key = (r, peer, a.tag) if isinstance(a, Send) else (peer, r, a.tag)  # type: ignore
+                    book = sends if isinstance(a, Send) else recvs
+                    if key in book:
+                        raise PlanError(f"{a.kind}s {book[key]!r} and {a.name!r} both use src {key[0]} -> "
+                                        f"dst {key[1]} tag {key[2]}; tags must be unique per pair")
+                    book[key] = a.name
+        for key in set(sends) ^ set(recvs):
+            side = f"send {sends[key]!r}" if key in sends else f"recv {recvs[key]!r}"
+            raise PlanError(f"{side} (src {key[0]} -> dst {key[1]}, tag {key[2]}) has no matching "
+                            f"{'recv' if key in sends else 'send'}")
+        for key in sends:
+            s = self.ranks[key[0]].by_name[sends[key]]
+            v = self.ranks[key[1]].by_name[recvs[key]]
+            if s.scope != v.scope:
+                raise PlanError(f"send {s.name!r} is {s.scope}-scope but its recv {v.name!r} is "
+                                f"{v.scope}-scope")
+
+    def expected_slots(self, r: int) -> list[tuple[str, int]]:
+        out = []
+        for a in self.ranks[r].comm_actors:
+            micros = range(self.micro_batches) if a.scope == "micro" else [-1]
+            out.extend((a.name, m) for m in micros)
+        return out
+
+    def _check_order(self) -> None:
+        per_rank: dict[int, list[tuple[str, int]]] = {r: [] for r in self.ranks}
+        seqs: dict[tuple, dict[int, list[tuple]]] = {}
+        for slot in self.comm_order:  # type: ignore[union-attr]
+            if slot.rank not in self.ranks or slot.actor not in self.ranks[slot.rank].by_name:
+                raise PlanError(f"comm_order names {slot}, which is not an actor of rank {slot.rank}")
+            a = self.ranks[slot.rank].by_name[slot.actor]
+            if a.lane != "comm":
+                raise PlanError(f"comm_order names {slot}, but {a.name!r} is a {a.kind} actor")
+            per_rank[slot.rank].append((slot.actor, slot.micro))
+            ch = channel_of(slot.rank, a)
+            seqs.setdefault(ch, {}).setdefault(slot.rank, []).append(match_key(slot.rank, a, slot.micro))
+        for r in self.ranks:
+            want = sorted(self.expected_slots(r))
+            if sorted(per_rank[r]) != want:
+                missing = sorted(set(want) - set(per_rank[r]))
+                extra = sorted(set(per_rank[r]) - set(want))
+                raise PlanError(f"comm_order must list each comm firing of rank {r} once per step; "
+                                f"missing {missing[:5]}, unexpected or repeated {extra[:5]}")
+        for ch, by_rank in seqs.items():
+            first = next(iter(by_rank.values()))
+            for r, seq in by_rank.items():
+                if seq != first:
+                    raise PlanError(f"channel {ch}: rank {r} issues {seq[:6]} but another member issues "
+                                    f"{first[:6]}; every member must issue the same sequence")
+
+    # --- views -------------------------------------------------------------------------------------
+    def rank_order(self, r: int) -> list[tuple[str, int]]:
+        """Rank r's communication firings of one step, in issue order."""
+        return [(s.actor, s.micro) for s in self.comm_order if s.rank == r]  # type: ignore[union-attr]
+
+    def groups(self) -> list[tuple[int, ...]]:
+        """Every collective group of the plan, in a canonical order (all ranks create them alike)."""
+        gs = {a.group for rp in self.ranks.values() for a in rp.actors if isinstance(a, Collective)}
+        return sorted(gs, key=lambda g: (len(g), g))
+
+    def pairs(self) -> list[tuple[int, int]]:
+        ps = {tuple(sorted((r, a.peer))) for r, rp in self.ranks.items() for a in rp.actors  # type: ignore
+              if isinstance(a, (Send, Recv))}
+        return sorted(ps)
+
+    def dump(self) -> str:
+        head = f"ActorPlan {self.name!r}: {self.world_size} ranks, {self.device_type}, " \
+               f"{self.micro_batches} micro-batches"
+        order = "comm order: " + ", ".join(
+            f"{s.rank}:{s.actor}" + (f"@{s.micro}" if s.micro >= 0 else "")
+            for s in self.comm_order or ())
+        return "\n".join([head] + [rp.dump() for rp in self.ranks.values()] + [order])
+
+    @staticmethod
+    def build(world_size: int, actors: Mapping[int, Sequence[Actor]], **kw) -> ActorPlan:
+        return ActorPlan(world_size, {r: RankPlan(r, list(a)) for r, a in actors.items()}, **kw)

@@ -1,0 +1,22 @@
+"""A progress bar over steps that works in a terminal and in a notebook (tqdm.auto picks the widget)."""
+
+from __future__ import annotations
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def step_bar(total: int, enabled: bool, desc: str = "steps"):
+    """A tqdm bar (notebook widget or terminal text) or a silent stand-in when disabled."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is a dependency, but a bar is never worth failing a run for
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="step", leave=True)

@@ -1,0 +1,137 @@
+"""Driver-side data handling: cut global batches into per-rank shards, assemble what comes back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..layout import assemble, balanced_sizes, shard
+from .plan import ActorPlan
+from .specs import PlanError, Sink, Source, State
+from .trace import Trace
+
+Batches = Mapping[str, torch.Tensor] | Sequence[Mapping[str, torch.Tensor]] | Callable[[int], Mapping]
+
+
+def batch_of(batches: Batches | None, step: int, steps: int) -> Mapping[str, torch.Tensor]:
+    if batches is None:
+        return {}
+    if callable(batches):
+        return batches(step)
+    if isinstance(batches, Mapping):
+        return batches
+    if len(batches) < steps:
+        raise PlanError(f"batches has {len(batches)} entries for {steps} steps; give one per step, "
+                        f"one mapping for every step, or a function of the step")
+    return batches[step]
+
+
+def cut_feeds(plan: ActorPlan, batches: Batches | None,
+              steps: int) -> dict[int, dict[str, list[torch.Tensor]]]:
+    """Per rank, per feed: the local shard of every firing (step-major, then micro-batch)."""
+    M = plan.micro_batches
+    cache: dict[tuple, dict[int, torch.Tensor]] = {}
+    out: dict[int, dict[str, list[torch.Tensor]]] = {r: {} for r in plan.ranks}
+    per_step = [batch_of(batches, s, steps) for s in range(steps)] if any(
+        isinstance(a, Source) for rp in plan.ranks.values() for a in rp.actors) else []
+    for r, rp in plan.ranks.items():
+        for a in rp.actors:
+            if not isinstance(a, Source):
+                continue
+            pieces = []
+            for s in range(steps):
+                if a.feed not in per_step[s]:
+                    raise PlanError(f"source {a.name!r} on rank {r} reads feed {a.feed!r}, but the batch "
+                                    f"of step {s} has only {sorted(per_step[s])}")
+                full = per_step[s][a.feed]
+                micros = range(M) if a.scope == "micro" else [None]
+                for m in micros:
+                    key = (a.feed, s, m, a.placement, a.sbp, a.micro_dim)
+                    if key not in cache:
+                        piece = full
+                        if m is not None:
+                            n = full.shape[a.micro_dim]
+                            if n < M:
+                                raise PlanError(f"feed {a.feed!r}: dim {a.micro_dim} has {n} rows, fewer "
+                                                f"than {M} micro-batches")
+                            sizes = balanced_sizes(n, M)
+                            piece = full.narrow(a.micro_dim, sum(sizes[:m]), sizes[m])
+                        cache[key] = shard(piece, a.placement, a.sbp, what=f"feed {a.feed!r}")  # type: ignore
+                    pieces.append(cache[key][r])
+            out[r][a.feed] = pieces
+    return out
+
+
+@dataclass
+class RunResult:
+    """What a run gives back.
+
+    losses: per step, the "loss" sink's global value as a float (micro-batches combined).
+    outputs: per sink key, per step, the global value (a tensor).
+    params: per State key, the final global value: a GlobalTensor (``.full()`` for the tensor).
+    trace: every firing on one clock (``trace.to_chrome(path)``).
+    """
+
+    losses: list[float] = field(default_factory=list)
+    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    trace: Trace = field(default_factory=Trace)
+    steps: int = 0
+    wall_s: float = 0.0
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        return {k: (v.full() if hasattr(v, "full") else v) for k, v in self.params.items()}
+
+
+def _combine(vals: list[torch.Tensor], how: str) -> torch.Tensor:
+    if how == "last":
+        return vals[-1]
+    st = torch.stack(vals)
+    return st if how == "stack" else (st.sum(0) if how == "sum" else st.mean(0))
+
+
+def assemble_results(plan: ActorPlan, steps: int, per_rank: dict[int, dict]) -> tuple[dict, dict]:
+    """Sinks (per key, per step) and final parameters, from every rank's local values."""
+    M = plan.micro_batches
+    sinks: dict[str, tuple[Sink, dict[int, list[torch.Tensor]]]] = {}
+    states: dict[str, tuple[State, dict[int, torch.Tensor]]] = {}
+    for r, rp in plan.ranks.items():
+        for a in rp.actors:
+            if isinstance(a, Sink):
+                sinks.setdefault(a.key, (a, {}))[1][r] = per_rank[r]["sinks"][a.name]
+            elif isinstance(a, State) and a.key and a.name in per_rank[r]["params"]:
+                states.setdefault(a.key, (a, {}))[1][r] = per_rank[r]["params"][a.name]
+    outputs: dict[str, list[torch.Tensor]] = {}
+    for key, (a, by_rank) in sinks.items():
+        firings = len(next(iter(by_rank.values())))
+        full = [_assemble(a.placement, a.sbp, {r: v[f] for r, v in by_rank.items()}, key)
+                for f in range(firings)]
+        if a.scope == "micro":
+            outputs[key] = [_combine(full[s * M:(s + 1) * M], a.micro_reduce) for s in range(steps)]
+        else:
+            outputs[key] = full
+    params: dict[str, Any] = {}
+    for key, (a, by_rank) in states.items():
+        if a.placement is None:
+            params[key] = by_rank
+            continue
+        params[key] = _global(by_rank, a.placement, a.sbp, key)
+    return outputs, params
+
+
+def _assemble(placement, sbp, shards: dict[int, torch.Tensor], key: str) -> torch.Tensor:
+    missing = [r for r in placement.rank_list if r not in shards]
+    if missing:
+        raise PlanError(f"sink {key!r}: ranks {missing} of its placement have no sink with that key")
+    return assemble(shards, placement, sbp)
+
+
+def _global(shards: dict[int, torch.Tensor], placement, sbp, key: str):
+    try:
+        from ..eager import from_local
+    except ImportError:  # the eager layer is optional for the runtime
+        return _assemble(placement, sbp, shards, key)
+    return from_local({r: shards[r] for r in placement.rank_list}, placement=placement, sbp=sbp)
