@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from .model_builder import ModelBuilder
 from .playground import SbpPlayground, button_testid, sbp_choices
+from .run_panel import RunPanel
+from .strategy_editor import StrategyEditor
+from .zoo import BuiltModel
 
-__all__ = ["SbpPlayground", "button_testid", "sbp_choices"]
+__all__ = ["BuiltModel", "ModelBuilder", "RunPanel", "SbpPlayground", "StrategyEditor", "button_testid",
+           "sbp_choices"]

@@ -1,0 +1,208 @@
+"""RunPanel: run the editor's compiled strategy for k steps, then the timeline and the check against torch.
+
+"workers" runs on a ``LocalCluster`` (one real process per rank, Gloo), which hands back losses,
+final parameters and a trace; "in-process" runs the same physical graph in the ``LocalExecutor``
+(all ranks in this process: fast, no timeline). Either way the same steps then run in plain
+single-device PyTorch and the panel shows both losses side by side and the largest differences.
+The cluster stays up between runs (``close()`` stops it). Failures become the ``error`` trait.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anywidget
+import traitlets as t
+
+from ..compiler.api import Compiled
+from ..viz.timeline import makespan_us, timeline, timeline_bars
+from ._assets import asset_path
+from .messages import error_text
+from .run_check import NumericCheck, check_against_torch
+from .strategy_editor import StrategyEditor
+from .svg_charts import timeline_svg
+from .zoo import BuiltModel
+
+BACKENDS = ("workers", "in-process")
+STAGES = {  # status -> progress shown while it runs
+    "lowering": 0.05, "starting workers": 0.15, "running": 0.3, "checking against torch": 0.85, "done": 1.0,
+}
+
+
+class RunPanel(anywidget.AnyWidget):
+    """``RunPanel(editor, steps=3).run()``; ``panel.result`` is the runtime's RunResult."""
+
+    _esm = asset_path("run_panel.js")
+    _css = asset_path("run_panel.css")
+
+    # --- inputs -------------------------------------------------------------------------------------
+    steps = t.Int(3).tag(sync=True)
+    backend = t.Unicode("workers").tag(sync=True)  # "workers" (LocalCluster) or "in-process"
+    timeout = t.Float(60.0).tag(sync=True)  # seconds without progress before a run counts as hung
+    tol = t.Float(1e-4).tag(sync=True)  # the check passes when losses and parameters differ by at most this
+    run_requests = t.Int(0).tag(sync=True)  # the page's run button adds one
+
+    # --- derived -------------------------------------------------------------------------------------
+    backends = t.List(t.Unicode(), default_value=list(BACKENDS)).tag(sync=True)
+    strategy_name = t.Unicode("").tag(sync=True)
+    ranks = t.Int(0).tag(sync=True)
+    stale = t.Bool(False).tag(sync=True)  # the strategy changed since the last run
+    status = t.Unicode("idle").tag(sync=True)  # idle, lowering, starting workers, running, checking..., done, failed
+    progress = t.Float(0.0).tag(sync=True)  # 0..1
+    stage_ms = t.Dict().tag(sync=True)  # how long each stage took
+    loss_rows = t.List(t.Dict()).tag(sync=True)  # step, run, torch, diff
+    loss_diff = t.Float(0.0).tag(sync=True)
+    param_diff = t.Float(0.0).tag(sync=True)
+    worst_param = t.Unicode("").tag(sync=True)
+    passed = t.Bool(False).tag(sync=True)
+    timeline_svg = t.Unicode("").tag(sync=True)
+    makespan_us = t.Float(0.0).tag(sync=True)
+    firings = t.Int(0).tag(sync=True)
+    wall_s = t.Float(0.0).tag(sync=True)
+    note = t.Unicode("").tag(sync=True)
+    error = t.Unicode("").tag(sync=True)
+
+    def __init__(self, source: StrategyEditor | Compiled, model: BuiltModel | None = None, optimizer: Any = None, *,
+                 steps: int = 3, backend: str = "workers", cluster: Any = None, **kwargs: Any) -> None:
+        super().__init__(steps=steps, backend=backend, **kwargs)
+        self.editor = source if isinstance(source, StrategyEditor) else None
+        self._compiled = source if isinstance(source, Compiled) else None
+        if self.editor is None and self._compiled is None:
+            raise TypeError(f"RunPanel needs a StrategyEditor or a Compiled step, got {type(source).__name__}")
+        if self._compiled is not None and (model is None or optimizer is None):
+            raise TypeError("RunPanel(compiled, model, optimizer): a Compiled step needs the BuiltModel and the "
+                            "optimizer it was compiled with, for the check against torch")
+        self._model, self._optimizer = model, optimizer
+        self.cluster = cluster  # a LocalCluster of at least the plan's ranks, or None: made on the first run
+        self._own_cluster = cluster is None
+        self.result: Any = None  # RunResult (workers) or None
+        self.check: NumericCheck | None = None
+        self._ran_version = -1
+        if self.editor is not None:
+            self.editor.observe(self._on_strategy, names=["version", "error"])
+        self._describe()
+
+    # --- the source of the strategy --------------------------------------------------------------------
+    def compiled(self) -> Compiled:
+        if self.editor is None:
+            return self._compiled  # type: ignore[return-value]
+        if self.editor.compiled is None:
+            raise ValueError(f"the strategy has an error, nothing to run: {self.editor.error}")
+        return self.editor.compiled
+
+    def _model_and_optimizer(self) -> tuple[BuiltModel, Any]:
+        if self.editor is None:
+            return self._model, self._optimizer  # type: ignore[return-value]
+        return self.editor.model, self.editor.optimizer_def()  # type: ignore[return-value]
+
+    def _on_strategy(self, change: dict) -> None:
+        self._describe()
+
+    def _describe(self) -> None:
+        try:
+            c = self.compiled()
+        except ValueError as e:
+            self.strategy_name, self.ranks = "", 0
+            self.note = str(e)
+            return
+        self.note = ""
+        self.strategy_name, self.ranks = c.strategy.name, max(c.physical.ranks) + 1
+        self.stale = self.editor is not None and self._ran_version not in (-1, self.editor.version)
+
+    @t.observe("run_requests")
+    def _on_click(self, change: dict) -> None:
+        if change["new"] > change["old"]:
+            self.run()
+
+    # --- a run ---------------------------------------------------------------------------------------------
+    def _stage(self, status: str, times: dict[str, float], started: list[float]) -> None:
+        now = time.perf_counter()
+        if started:
+            times[self.status] = round((now - started[0]) * 1e3, 1)
+            self.stage_ms = dict(times)
+        started[:] = [now]
+        self.status, self.progress = status, STAGES[status]
+
+    def run(self) -> None:
+        """Run ``steps`` training steps, then the check against PyTorch; never raises, sets ``error``."""
+        times: dict[str, float] = {}
+        started: list[float] = []
+        self.error = ""
+        self.loss_rows, self.timeline_svg, self.firings, self.makespan_us = [], "", 0, 0.0
+        self.loss_diff = self.param_diff = self.wall_s = 0.0
+        self.passed, self.worst_param, self.stage_ms, self.result, self.check = False, "", {}, None, None
+        try:
+            self._run(times, started)
+        except Exception as e:  # shown inline; the message says what failed and where
+            self.error = error_text(e)
+            self.status = "failed"
+
+    def _run(self, times: dict[str, float], started: list[float]) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r}: pick one of {', '.join(BACKENDS)}")
+        self._stage("lowering", times, started)
+        c = self.compiled()
+        model, optimizer = self._model_and_optimizer()
+        version = self.editor.version if self.editor is not None else 0
+        feeds = dict(zip(c.graph.inputs, [*model.inputs, model.target]))
+        n = max(c.physical.ranks) + 1
+        if self.backend == "workers":
+            from ..runtime.lower import lower_to_actors
+
+            plan = lower_to_actors(c.physical, c.graph, world_size=n, name=c.strategy.name)
+            cluster = self._cluster(n, times, started)
+            self._stage("running", times, started)
+            t0 = time.perf_counter()
+            self.result = cluster.run(plan, feeds, steps=self.steps, timeout=self.timeout, progress=False)
+            losses, params = self.result.losses, self.result.full_params()
+        else:
+            self._stage("running", times, started)
+            t0 = time.perf_counter()
+            ex = c.executor()
+            losses = [ex.step(feeds) for _ in range(self.steps)]
+            params = ex.params()
+        self.wall_s = time.perf_counter() - t0
+        self._stage("checking against torch", times, started)
+        self.check = check_against_torch(model, optimizer, losses, params)
+        self.loss_rows = self.check.rows()
+        self.loss_diff, self.param_diff = self.check.loss_diff, self.check.max_param_diff
+        self.worst_param, self.passed = self.check.worst_param, self.check.passed(self.tol)
+        if self.result is not None:
+            bars = timeline_bars(self.result.trace)
+            self.firings, self.makespan_us = len(bars), makespan_us(self.result.trace)
+            self.timeline_svg = timeline_svg(bars, title=f"{c.strategy.name}, {self.steps} step(s)")
+            self.note = ""
+        else:
+            self.note = "the in-process executor keeps no trace: run on workers to see the timeline"
+        self._ran_version, self.stale = version, False
+        self._stage("done", times, started)
+
+    def _cluster(self, n: int, times: dict[str, float], started: list[float]):
+        from ..runtime import LocalCluster  # worker processes: imported only when a run needs them
+
+        if self.cluster is not None and not self.cluster.closed and self.cluster.n >= n:
+            return self.cluster
+        if not self._own_cluster:
+            raise ValueError(f"the plan needs {n} ranks but the cluster given has {self.cluster.n} (or is closed)")
+        self._stage("starting workers", times, started)
+        if self.cluster is not None:
+            self.cluster.close()
+        self.cluster = LocalCluster(n)
+        return self.cluster
+
+    # --- for notebooks ----------------------------------------------------------------------------------
+    def timeline_figure(self):
+        """The plotly timeline of the last workers run (hover shows op, SBP, bytes, duration)."""
+        if self.result is None:
+            raise ValueError("no trace yet: run on workers first")
+        return timeline(self.result.trace, title=self.strategy_name)
+
+    def close(self) -> None:
+        """Stop the worker processes this panel started, and close the widget."""
+        if self.cluster is not None and self._own_cluster:
+            self.cluster.close()
+            self.cluster = None
+        super().close()

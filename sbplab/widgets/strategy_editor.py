@@ -1,0 +1,345 @@
+"""StrategyEditor: a preset on a mesh, signatures chosen per op, stages per module; live results.
+
+After every change the editor deduces SBPs, lowers to the physical graph and counts memory, then
+shows the physical (or deduced logical) graph, the memory per device and the communication, all
+from the one ``Compiled`` it keeps as ``editor.compiled`` (what ``sl.compile`` would give for the
+same strategy). Tracing and autodiff run only when the model, micro-batches or optimizer change;
+an SBP change costs one deduction and one lowering. Bad choices become the ``error`` trait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anywidget
+import torch
+import traitlets as t
+
+from ..compiler.api import Compiled
+from ..compiler.fx_frontend import from_torch
+from ..compiler.ir import Graph
+from ..compiler.lower import lower
+from ..compiler.memory import memory_report
+from ..viz.charts import comm_rows, comm_table
+from . import strategy_form as form
+from ._assets import asset_path
+from .chosen import ChoiceError, deduce_with_choices
+from .editor_views import candidate_rows, graph_dot, memory_rows, module_stages, op_rows, training_graph
+from .messages import error_text, graph_view
+from .model_builder import ModelBuilder
+from .parse import parse_dims
+from .svg_charts import comm_svg, memory_svg
+from .zoo import BuiltModel
+
+MAX_RANKS = 64
+MAX_COMM_ROWS = 400
+STRUCTURE = ("preset", "mesh_text", "micro_batches", "stages", "inner", "optimizer", "lr", "momentum", "choices",
+             "hints", "stage_of")
+
+
+class StrategyEditor(anywidget.AnyWidget):
+    """``StrategyEditor(ModelBuilder("gpt"), preset="dp_tp", mesh=(2, 2))``; the result is ``.compiled``."""
+
+    _esm = asset_path("strategy_editor.js")
+    _css = asset_path("strategy_editor.css")
+
+    # --- inputs ---------------------------------------------------------------------------------
+    preset = t.Unicode("dp").tag(sync=True)  # one of strategy_form.PRESETS
+    mesh_text = t.Unicode("2").tag(sync=True)  # the mesh ("2, 2"); for a pipeline, the mesh of each stage
+    micro_batches = t.Int(1).tag(sync=True)
+    stages = t.Int(2).tag(sync=True)  # pipeline stages
+    inner = t.Unicode("none").tag(sync=True)  # pipeline: what runs inside a stage
+    optimizer = t.Unicode("sgd").tag(sync=True)
+    lr = t.Float(0.1).tag(sync=True)
+    momentum = t.Float(0.0).tag(sync=True)  # sgd only
+    choices = t.Dict().tag(sync=True)  # op name -> signature text ("(S(0)), (B) -> (S(0))")
+    hints = t.List(t.Dict()).tag(sync=True)  # extra tensor hints {"pattern", "sbp", "role", "use"}
+    stage_of = t.Dict().tag(sync=True)  # pipeline: module prefix -> stage
+    selected_op = t.Unicode("").tag(sync=True)
+    op_phase = t.Unicode("forward").tag(sync=True)  # which ops the table lists: a phase or "all"
+    op_filter = t.Unicode("").tag(sync=True)  # substring of op name, type or module
+    graph_kind = t.Unicode("physical").tag(sync=True)  # "physical" or "logical" (deduced, boxing nodes)
+    graph_phases = t.List(t.Unicode(), default_value=["forward"]).tag(sync=True)
+    graph_ranks = t.Unicode("all").tag(sync=True)  # "all" or "0, 1"
+    collapse = t.Bool(True).tag(sync=True)
+
+    # --- derived ----------------------------------------------------------------------------------
+    preset_names = t.Dict(form.PRESETS).tag(sync=True)
+    inner_names = t.List(t.Unicode(), default_value=list(form.INNER)).tag(sync=True)
+    optimizer_names = t.List(t.Unicode(), default_value=list(form.OPTIMIZERS)).tag(sync=True)
+    hint_roles = t.List(t.Unicode(), default_value=list(form.HINT_ROLES)).tag(sync=True)
+    mesh_shape = t.List(t.Int()).tag(sync=True)
+    ranks = t.List(t.Int()).tag(sync=True)
+    strategy_name = t.Unicode("").tag(sync=True)
+    modules = t.List(t.Dict()).tag(sync=True)  # {"name", "stage"}: the stage each module got
+    ops = t.List(t.Dict()).tag(sync=True)  # name, type, module, phase, stage, signature, cost, hand, boxed
+    ops_note = t.Unicode("").tag(sync=True)
+    candidates = t.List(t.Dict()).tag(sync=True)  # the selected op's signatures: text, cost, chosen, best
+    explain = t.Unicode("").tag(sync=True)  # why the selected op has its signature
+    graph_svg = t.Unicode("").tag(sync=True)
+    graph_text = t.Unicode("").tag(sync=True)
+    graph_note = t.Unicode("").tag(sync=True)
+    memory_rows = t.List(t.Dict()).tag(sync=True)
+    memory_svg = t.Unicode("").tag(sync=True)
+    memory_text = t.Unicode("").tag(sync=True)
+    comm_rows = t.List(t.Dict()).tag(sync=True)
+    comm_svg = t.Unicode("").tag(sync=True)
+    comm_text = t.Unicode("").tag(sync=True)
+    comm_bytes = t.Dict().tag(sync=True)  # rank (as text) -> bytes sent per step
+    summary = t.Unicode("").tag(sync=True)
+    error = t.Unicode("").tag(sync=True)
+    note = t.Unicode("").tag(sync=True)
+    timings_ms = t.Dict().tag(sync=True)  # where the last recompute spent its time
+    version = t.Int(0).tag(sync=True)  # +1 after every successful recompute
+
+    def __init__(self, model: ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None,
+                 target: torch.Tensor | None = None, loss_fn: Callable | None = None, *, preset: str = "dp",
+                 mesh: Any = (2,), micro_batches: int = 1, stages: int = 2, inner: str = "none",
+                 optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.builder: ModelBuilder | None = None
+        self.model: BuiltModel | None = None
+        self.compiled: Compiled | None = None
+        self.dot = ""  # DOT text of the graph shown
+        self._train: dict[tuple, Graph] = {}  # (micro-batches, optimizer) -> training graph of self.model
+        self._busy = True
+        if isinstance(model, ModelBuilder):
+            self.builder = model
+            model.observe(self._on_model, names="version")
+            self.model = model.model
+        elif isinstance(model, BuiltModel):
+            self.model = model
+        elif isinstance(model, torch.nn.Module):
+            if inputs is None or target is None or loss_fn is None:
+                raise TypeError("StrategyEditor(module, inputs, target, loss_fn): a torch module needs an example "
+                                "batch, its target and a loss function")
+            xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+            self.model = BuiltModel(type(model).__name__, model, xs, target, loss_fn,
+                                    from_torch(model, xs, loss_fn, target))
+        else:
+            raise TypeError(f"StrategyEditor needs a ModelBuilder, a BuiltModel or a torch module, "
+                            f"got {type(model).__name__}")
+        with self.hold_trait_notifications():
+            self.preset, self.mesh_text = preset, _text(mesh)
+            self.micro_batches, self.stages, self.inner = micro_batches, stages, inner
+            self.optimizer, self.lr, self.momentum = optimizer, lr, momentum
+        self._busy = False
+        self._recompute()
+
+    # --- what clicks do ---------------------------------------------------------------------------------
+    def configure(self, **inputs: Any) -> None:
+        """Set several inputs (``preset="dp_tp", mesh_text="2, 2"``) and recompute once."""
+        bad = sorted(set(inputs) - set(STRUCTURE))
+        if bad:
+            raise TypeError(f"configure() takes {', '.join(STRUCTURE)}; not {', '.join(bad)}")
+        self._busy = True
+        try:
+            for k, v in inputs.items():
+                setattr(self, k, v)
+        finally:
+            self._busy = False
+        self._recompute(next(iter(inputs), ""))
+
+    def choose(self, op: str, signature: str) -> None:
+        """Make ``op`` take ``signature`` (its text as listed in ``candidates``)."""
+        self.choices = {**self.choices, op: signature}
+
+    def clear_choice(self, op: str) -> None:
+        self.choices = {k: v for k, v in self.choices.items() if k != op}
+
+    def add_hint(self, pattern: str, sbp: str, role: str | None = None, use: bool = False) -> None:
+        """A tensor hint on top of the preset's: tensors matching ``pattern`` must be ``sbp``."""
+        self.hints = [*self.hints, {"pattern": pattern, "sbp": sbp, "role": role or "", "use": use}]
+
+    def remove_hint(self, index: int) -> None:
+        self.hints = [h for i, h in enumerate(self.hints) if i != index]
+
+    def set_stage(self, module: str, stage: int) -> None:
+        """Pipeline: put ``module`` (and what follows it, until the next given module) on ``stage``."""
+        self.stage_of = {**self.stage_of, module: int(stage)}
+
+    def optimizer_def(self):
+        """The optimizer (``sl.SGD`` / ``sl.Adam``) the training graph was built with."""
+        return form.make_optimizer(self.optimizer, self.lr, self.momentum)
+
+    # --- observers ----------------------------------------------------------------------------------------
+    def _on_model(self, change: dict) -> None:
+        if self.builder is not None and self.builder.model is not None:
+            self.model = self.builder.model
+            self._train.clear()
+            self._recompute("model")
+
+    @t.observe(*STRUCTURE)
+    def _on_structure(self, change: dict) -> None:
+        if not self._busy:
+            self._recompute(change["name"])
+
+    @t.observe("selected_op")
+    def _on_select(self, change: dict) -> None:
+        if not self._busy:
+            self._guard(self._detail)
+
+    @t.observe("op_phase", "op_filter")
+    def _on_table(self, change: dict) -> None:
+        if not self._busy:
+            self._guard(self._op_rows)
+
+    @t.observe("graph_kind", "graph_phases", "graph_ranks", "collapse")
+    def _on_graph(self, change: dict) -> None:
+        if not self._busy:
+            self._guard(self._draw_graph)
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` with notifications batched; an exception becomes the error message."""
+        self._busy = True
+        try:
+            with self.hold_sync(), self.hold_trait_notifications():
+                try:
+                    self.error = ""
+                    fn()
+                except Exception as e:  # shown inline, never raised out of an observer
+                    self.error = error_text(e)
+        finally:
+            self._busy = False
+
+    # --- the full recompute ---------------------------------------------------------------------------------
+    def _recompute(self, cause: str = "") -> None:
+        self._guard(lambda: self._derive(cause))
+
+    def _derive(self, cause: str) -> None:
+        self.note = ""
+        self.compiled = None
+        ms: dict[str, float] = {}
+        notes: list[str] = []
+        t0 = time.perf_counter()
+        try:
+            st, train = self._strategy_and_graph(ms)
+            t1 = time.perf_counter()
+            g, d = self._deduce(train, st, cause, notes)
+            t2 = time.perf_counter()
+            phys = lower(d)
+            t3 = time.perf_counter()
+            mem = memory_report(d, phys)
+            t4 = time.perf_counter()
+        except Exception:
+            self._clear()
+            raise
+        self.compiled = Compiled(g, st, d, phys, mem)
+        ms.update(deduce=(t2 - t1) * 1e3, lower=(t3 - t2) * 1e3, memory=(t4 - t3) * 1e3)
+        self.note = "; ".join(notes)
+        self.strategy_name = st.name
+        self.ranks = list(phys.ranks)
+        if self.selected_op and self.selected_op not in g.op_by_name:
+            self.selected_op = ""  # the op went away with the old model
+        self._tables()
+        t5 = time.perf_counter()
+        problems = self._views(self._draw_graph)
+        t6 = time.perf_counter()
+        problems += self._views(self._op_rows, self._detail)
+        t7 = time.perf_counter()
+        ms.update(tables=(t5 - t4) * 1e3, graph=(t6 - t5) * 1e3, ops=(t7 - t6) * 1e3, total=(t7 - t0) * 1e3)
+        self.timings_ms = {k: round(v, 2) for k, v in ms.items()}
+        self.version += 1  # the step compiled: a view setting that does not fit it is only a message
+        self.error = "; ".join(problems)
+
+    @staticmethod
+    def _views(*fns: Callable[[], None]) -> list[str]:
+        out = []
+        for fn in fns:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a view's bad setting must not undo the compile
+                out.append(error_text(e))
+        return out
+
+    def _deduce(self, train: Graph, st: Any, cause: str, notes: list[str]):
+        """Deduce on a copy of the training graph (deduction places its ops: each Compiled keeps its own).
+
+        Choices made before the model or the settings changed are dropped, with a note, once they no
+        longer fit; a choice just made that does not fit is an error.
+        """
+        gone = [op for op in self.choices if op not in train.op_by_name]
+        if gone and cause != "choices":
+            notes.append(f"dropped the signatures chosen for {', '.join(gone)}: the model has no such ops now")
+            self.set_trait("choices", {k: v for k, v in self.choices.items() if k not in gone})
+        while True:
+            g = train.copy()
+            try:
+                return g, deduce_with_choices(g, st, self.choices)
+            except ChoiceError as e:
+                if cause == "choices" or e.op not in self.choices:
+                    raise
+                notes.append(f"dropped the signature chosen for {e.op}: it is not valid under the new settings")
+                self.set_trait("choices", {k: v for k, v in self.choices.items() if k != e.op})
+
+    def _clear(self) -> None:
+        self.compiled = None
+        self.ops, self.candidates, self.memory_rows, self.comm_rows, self.modules = [], [], [], [], []
+        self.explain = self.graph_svg = self.graph_text = self.graph_note = self.summary = ""
+        self.memory_svg = self.memory_text = self.comm_svg = self.comm_text = self.strategy_name = ""
+        self.comm_bytes = {}
+
+    def _strategy_and_graph(self, ms: dict[str, float]):
+        if self.model is None:
+            raise ValueError(f"no model yet: {self.builder.error if self.builder else 'give one'}")
+        t0 = time.perf_counter()
+        mesh = parse_dims(self.mesh_text, "mesh shape", 3, max_total=MAX_RANKS)
+        self.mesh_shape = list(mesh)
+        st = form.make_strategy(self.preset, mesh, self.micro_batches, self.stages, self.inner, self.stage_of)
+        if st.n_stages * (st.stages[0].size if st.stages else st.placement.size) > MAX_RANKS:
+            raise ValueError(f"{st.name} needs more than {MAX_RANKS} ranks; use fewer stages or a smaller mesh")
+        if self.stage_of and self.preset != "pipeline":
+            self.stage_of = {}  # stages mean nothing without a pipeline
+        form.add_hints(st, self.hints)
+        opt = self.optimizer_def()
+        t1 = time.perf_counter()
+        key = (self.micro_batches, opt)
+        if key not in self._train:
+            self._train.clear()
+            self._train[key] = training_graph(self.model, self.micro_batches, opt)
+        ms.update(strategy=(t1 - t0) * 1e3, trace=(time.perf_counter() - t1) * 1e3)
+        unknown = sorted(set(self.stage_of) - set(form.module_units(self._train[key])))
+        if unknown:
+            raise ValueError(f"a stage is given for {', '.join(map(repr, unknown))}, which the model does not have; "
+                             f"its modules: {', '.join(form.module_units(self._train[key]))}")
+        return st, self._train[key]
+
+    # --- views of the compiled step --------------------------------------------------------------------------
+    def _tables(self) -> None:
+        c = self.compiled
+        phys = c.physical
+        self.memory_rows = memory_rows(c)
+        self.memory_svg, self.memory_text = memory_svg(c.memory), c.memory.table()
+        self.comm_rows = [{**r, "group": list(r["group"])} for r in comm_rows(phys)[:MAX_COMM_ROWS]]
+        self.comm_svg, self.comm_text = comm_svg(phys), comm_table(phys)
+        self.comm_bytes = {str(r): b for r, b in phys.comm_bytes_per_rank().items()}
+        self.summary = c.summary()
+        self.modules = module_stages(c)
+
+    def _draw_graph(self) -> None:
+        if self.compiled is None:
+            return
+        self.dot, text = graph_dot(self.compiled, self.graph_kind, self.graph_phases, self.graph_ranks, self.collapse)
+        self.graph_svg, self.graph_note = graph_view(self.dot)
+        self.graph_text = text() if not self.graph_svg else ""
+
+    def _op_rows(self) -> None:
+        if self.compiled is not None:
+            self.ops, self.ops_note = op_rows(self.compiled, self.op_phase, self.op_filter, self.choices)
+
+    def _detail(self) -> None:
+        self.candidates, self.explain = [], ""
+        if self.compiled is None or not self.selected_op:
+            return
+        self.candidates = candidate_rows(self.compiled, self.selected_op, self.choices)
+        self.explain = self.compiled.explain(self.selected_op)
+
+
+def _text(mesh: Any) -> str:
+    if isinstance(mesh, str):
+        return mesh
+    if isinstance(mesh, int):
+        return str(mesh)
+    return ", ".join(str(int(n)) for n in mesh)

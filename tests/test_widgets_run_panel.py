@@ -1,0 +1,129 @@
+"""RunPanel state without a browser: a run in-process (fast) and one on real worker processes
+(``multiprocess``), each checked against single-device PyTorch computed here independently."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("anywidget")
+
+from sbplab.compiler.reference import torch_steps  # noqa: E402
+from sbplab.viz import timeline_bars  # noqa: E402
+from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor  # noqa: E402
+from sbplab.widgets._assets import asset_path  # noqa: E402
+from sbplab.widgets.run_check import NumericCheck, check_against_torch  # noqa: E402
+
+MLP_SIZES = dict(in_dim=8, width=8, hidden=16, n_blocks=1, n_classes=4)
+
+
+@pytest.fixture()
+def editor():
+    return StrategyEditor(ModelBuilder("mlp", **MLP_SIZES), preset="dp", mesh="2", optimizer="sgd", momentum=0.9)
+
+
+def _reference(editor: StrategyEditor, steps: int):
+    m = editor.model
+    return torch_steps(m.module, m.inputs, m.target, m.loss_fn, editor.optimizer_def(), steps)
+
+
+def test_in_process_run_shows_losses_side_by_side(editor):
+    p = RunPanel(editor, steps=3, backend="in-process")
+    assert p.strategy_name == "data parallel x2" and p.ranks == 2 and p.status == "idle"
+    p.run()
+    assert p.error == "" and p.status == "done" and p.progress == 1.0
+    c, m = editor.compiled, editor.model
+    ex = c.executor()
+    feeds = dict(zip(c.graph.inputs, [*m.inputs, m.target]))
+    run_losses = [ex.step(feeds) for _ in range(3)]
+    ref_losses, _ = _reference(editor, 3)
+    assert [r["run"] for r in p.loss_rows] == run_losses
+    assert [r["torch"] for r in p.loss_rows] == ref_losses
+    assert p.loss_diff == max(abs(a - b) for a, b in zip(run_losses, ref_losses)) <= p.tol
+    assert p.passed and p.param_diff <= p.tol and p.worst_param in dict(m.module.named_parameters())
+    assert set(p.stage_ms) == {"lowering", "running", "checking against torch"}
+    assert "keeps no trace" in p.note and p.timeline_svg == "" and p.result is None
+    with pytest.raises(ValueError, match="run on workers first"):
+        p.timeline_figure()
+
+
+def test_the_check_fails_when_a_parameter_is_off(editor):
+    c, m = editor.compiled, editor.model
+    ex = c.executor()
+    feeds = dict(zip(c.graph.inputs, [*m.inputs, m.target]))
+    losses = [ex.step(feeds) for _ in range(2)]
+    params = ex.params()
+    ok = check_against_torch(m, editor.optimizer_def(), losses, params)
+    assert ok.passed(1e-5)
+    params["head.bias"] = params["head.bias"] + torch.tensor([0, 0, 3e-3, 0])
+    bad = check_against_torch(m, editor.optimizer_def(), losses, params)
+    assert not bad.passed(1e-4) and bad.worst_param == "head.bias"
+    assert bad.max_param_diff == pytest.approx(3e-3, rel=1e-3) and bad.loss_diff == ok.loss_diff
+    with pytest.raises(ValueError, match="did not give back parameters head.weight"):
+        check_against_torch(m, editor.optimizer_def(), losses, {k: v for k, v in params.items() if k != "head.weight"})
+    with pytest.raises(ValueError, match="the run has 1 losses but the reference 2"):
+        NumericCheck([1.0], [1.0, 2.0], {})
+
+
+def test_bad_runs_are_messages(editor):
+    p = RunPanel(editor, backend="in-process")
+    p.steps = 0
+    p.run()
+    assert p.status == "failed" and p.error == "steps must be >= 1, got 0"
+    p.steps, p.backend = 2, "gpu-farm"
+    p.run()
+    assert p.error == "backend 'gpu-farm': pick one of workers, in-process"
+    p.backend = "in-process"
+    editor.mesh_text = "2, x"
+    assert p.strategy_name == "" and "the strategy has an error" in p.note
+    p.run()
+    assert p.status == "failed" and "the strategy has an error, nothing to run" in p.error and "'x'" in p.error
+    editor.mesh_text = "4"
+    assert p.strategy_name == "data parallel x4" and p.ranks == 4
+    p.set_state({"run_requests": 1})  # the page's run button
+    assert p.status == "done" and p.passed and p.error == ""
+    editor.preset = "zero3"
+    assert p.stale and p.strategy_name == "ZeRO-3 x4"
+    with pytest.raises(TypeError, match="needs a StrategyEditor or a Compiled"):
+        RunPanel("dp")
+    with pytest.raises(TypeError, match="needs the BuiltModel and the optimizer"):
+        RunPanel(editor.compiled)
+
+
+def test_a_compiled_step_can_be_run_without_an_editor(editor):
+    p = RunPanel(editor.compiled, editor.model, editor.optimizer_def(), steps=2, backend="in-process")
+    p.run()
+    assert p.passed and [r["torch"] for r in p.loss_rows] == _reference(editor, 2)[0]
+
+
+def test_page_state_and_testids():
+    js = asset_path("run_panel.js").read_text()
+    for tid in ("steps-input", "backend-select", "run-button", "progress", "status", "loss-table", "timeline",
+                "check", "error-message"):
+        assert f'"{tid}"' in js
+    assert ".rp-verdict.ok" in asset_path("run_panel.css").read_text()
+
+
+@pytest.mark.multiprocess
+def test_workers_run_then_timeline_and_check(editor):
+    p = RunPanel(editor, steps=2)
+    try:
+        p.run()
+        assert p.error == "" and p.status == "done" and p.passed
+        ref_losses, ref_params = _reference(editor, 2)
+        assert [r["torch"] for r in p.loss_rows] == ref_losses
+        assert p.result.losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+        for name, value in ref_params.items():
+            assert torch.allclose(p.result.params[name].full(), value, atol=1e-5), name
+        bars = timeline_bars(p.result.trace)
+        assert p.firings == len(bars) > 0 and p.timeline_svg.count('class="firing"') == len(bars)
+        assert {b.rank for b in bars} == {0, 1} and "starting workers" in p.stage_ms
+        pids = p.cluster.pids
+        editor.preset = "tp"  # another strategy on the same two workers
+        assert p.stale
+        p.run()
+        assert p.passed and not p.stale and p.cluster.pids == pids and "starting workers" not in p.stage_ms
+        assert p.timeline_figure().data  # the plotly timeline of the same trace
+    finally:
+        p.close()
+    assert p.cluster is None

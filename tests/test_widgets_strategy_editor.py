@@ -1,0 +1,248 @@
+"""StrategyEditor state without a browser: presets, signatures chosen per op, hints, stages, and the
+views (physical graph, memory, communication) against the compiler's own objects."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("anywidget")
+
+from sbplab.compiler import SGD, compile, deduce, presets  # noqa: E402
+from sbplab.compiler.reference import torch_steps  # noqa: E402
+from sbplab.viz import physical_dot  # noqa: E402
+from sbplab.widgets import ModelBuilder, StrategyEditor  # noqa: E402
+from sbplab.widgets._assets import asset_path  # noqa: E402
+from sbplab.widgets.chosen import HAND, deduce_with_choices, options  # noqa: E402
+
+MLP_SIZES = dict(in_dim=8, width=8, hidden=16, n_blocks=2, n_classes=4)
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return ModelBuilder("mlp", **MLP_SIZES)
+
+
+def _same_deduction(a, b) -> None:
+    assert {k: repr(c.signature) for k, c in a.choices.items()} == {k: repr(c.signature) for k, c in b.choices.items()}
+    assert [(x.tensor, x.kind, x.src_sbp, x.dst_sbp, x.bytes) for x in a.boxings] == \
+        [(x.tensor, x.kind, x.src_sbp, x.dst_sbp, x.bytes) for x in b.boxings]
+
+
+def _run_matches_torch(editor: StrategyEditor, steps: int = 2) -> None:
+    """The editor's compiled step, run in-process, trains exactly like single-device PyTorch."""
+    c, m = editor.compiled, editor.model
+    ex = c.executor()
+    feeds = dict(zip(c.graph.inputs, [*m.inputs, m.target]))
+    losses = [ex.step(feeds) for _ in range(steps)]
+    ref_losses, ref_params = torch_steps(m.module, m.inputs, m.target, m.loss_fn, editor.optimizer_def(), steps)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    for name, p in ref_params.items():
+        assert torch.allclose(ex.value(name), p, atol=1e-5), name
+
+
+@pytest.mark.parametrize("preset,mesh,kw", [
+    ("single", "1", {}), ("dp", "4", {}), ("dp", "2, 2", {}), ("tp", "2", {}), ("dp_tp", "2, 2", {}),
+    ("zero2", "2", {}), ("zero3", "2", {}), ("dp", "2", {"micro_batches": 2}),
+])
+def test_presets_give_what_compile_gives(builder, preset, mesh, kw):
+    e = StrategyEditor(builder, preset=preset, mesh=mesh, **kw)
+    assert e.error == "" and e.version == 1
+    mk = {"single": lambda: None, "dp": lambda: presets.data_parallel(presets.as_mesh(e.mesh_shape), **kw),
+          "tp": lambda: presets.tensor_parallel(2), "dp_tp": lambda: presets.dp_tp((2, 2)),
+          "zero2": lambda: presets.zero(2, shard_params=False), "zero3": lambda: presets.zero(2)}[preset]
+    m = builder.model
+    ref = compile(m.module, m.inputs, loss_fn=m.loss_fn, target=m.target, optimizer=SGD(lr=0.1), strategy=mk())
+    assert e.compiled.summary() == ref.summary() == e.summary
+    assert e.strategy_name == ref.strategy.name
+    _same_deduction(e.compiled.deduction, ref.deduction)
+
+
+def test_pipeline_stages_per_module(builder):
+    e = StrategyEditor(builder, preset="pipeline", mesh="1", stages=2, micro_batches=2)
+    assert e.error == "" and e.ranks == [0, 1]
+    assert [m["name"] for m in e.modules] == ["proj_in", "blocks.0", "blocks.1", "head"]
+    e.set_stage("blocks.1", 1)
+    stages = {m["name"]: m["stage"] for m in e.modules}
+    assert stages == {"proj_in": 0, "blocks.0": 0, "blocks.1": 1, "head": 1}
+    assert {o["module"]: o["stage"] for o in e.ops}["blocks.1.fc2"] == 1
+    _run_matches_torch(e)
+    e.set_stage("head", 5)
+    assert "stage_of names stage 5, but there are 2 stages" in e.error
+    e.stage_of = {"blocks.1": 1, "tail": 1}
+    assert "a stage is given for 'tail', which the model does not have; its modules: proj_in, blocks.0" in e.error
+    e.stage_of = {}
+    e.preset = "dp"
+    assert e.error == "" and e.stage_of == {}
+
+
+def test_no_choices_is_plain_deduce_and_choosing_the_deduced_changes_nothing(builder):
+    e = StrategyEditor(builder, preset="dp_tp", mesh="2, 2")
+    c = e.compiled
+    g1, g2 = c.graph.copy(), c.graph.copy()
+    same = {op.name: repr(ch.signature) for op, ch in ((o, c.deduction.choices[o.name]) for o in c.graph.ops)}
+    _same_deduction(deduce_with_choices(g1, c.strategy, {}), deduce(g2, c.strategy))
+    _same_deduction(deduce_with_choices(c.graph.copy(), c.strategy, same), c.deduction)
+    for op in c.graph.ops:  # the editor's first option is deduction's pick, at the same price
+        best = options(c.deduction, op.name)[0]
+        assert (best.signature, best.cost) == (c.deduction.choices[op.name].signature,
+                                               c.deduction.choices[op.name].cost), op.name
+
+
+def test_choosing_a_signature_by_hand_changes_the_plan_and_still_trains_right(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2")
+    op = "blocks.0.fc1"
+    e.selected_op = op
+    assert [c["signature"] for c in e.candidates] == [o.text for o in options(e.compiled.deduction, op)]
+    best = e.candidates[0]
+    assert best["chosen"] and best["best"] and not best["hand"]
+    # the weight split by output rows: x S(0) must be gathered, so it costs bytes
+    pick = next(c for c in e.candidates if c["signature"].startswith("(B), (S(0))"))
+    assert pick["cost"] > 0
+    before = e.compiled.summary()
+    e.choose(op, pick["signature"])
+    ch = e.compiled.deduction.choices[op]
+    assert e.error == "" and repr(ch.signature) == pick["signature"] and ch.cost == pick["cost"]
+    assert ch.reason.startswith(HAND + "; deduction would take")
+    assert e.compiled.summary() != before
+    row = next(r for r in e.ops if r["name"] == op)
+    assert row["hand"] and row["signature"] == pick["signature"]
+    assert next(c for c in e.candidates if c["signature"] == pick["signature"])["hand"]
+    assert "chosen by hand" in e.explain
+    _run_matches_torch(e)
+    e.clear_choice(op)
+    assert e.compiled.summary() == before and e.choices == {}
+
+
+def test_bad_choices_are_messages_not_tracebacks(builder):
+    e = StrategyEditor(builder, preset="tp", mesh="2")
+    e.choose("blocks.0.fc1", "(S(9),) -> P")
+    assert "op 'blocks.0.fc1' (linear) has no signature '(S(9),) -> P'" in e.error and "valid: (B), (B)" in e.error
+    assert e.compiled is None and e.ops == [] and e.graph_svg == "" and e.memory_rows == []
+    e.choices = {}
+    assert e.error == "" and e.compiled is not None
+    # Megatron pins fc1's weight to S(0): a signature reading it as B contradicts the preset
+    e.selected_op = "blocks.0.fc1"
+    assert e.candidates[0]["chosen"] and e.candidates[0]["best"] and not e.candidates[0]["blocked"]
+    all_b = next(c for c in e.candidates if c["signature"].startswith("(B), (B)"))
+    assert "pins 'blocks.0.fc1.weight' to (S(0))" in all_b["blocked"]
+    assert all(c["blocked"] for c in e.candidates[e.candidates.index(all_b):])  # allowed ones come first
+    e.choose("blocks.0.fc1", all_b["signature"])
+    assert "contradicts a hint" in e.error and "Megatron column parallel" in e.error
+    e.choices = {}
+    e.add_hint("blocks.0.fc1.weight", "S(1)", role="param")
+    assert "contradictory store hints" in e.error and "editor hint 0" in e.error
+    e.remove_hint(0)
+    e.add_hint("", "B")
+    assert "the tensor pattern is empty" in e.error
+    e.hints = [{"pattern": "*", "sbp": "B", "role": "weights"}]
+    assert "role 'weights' is not one of" in e.error
+    e.hints = [{"pattern": "x", "sbp": "S(7)", "role": "input"}]
+    assert "tensor 'x'" in e.error
+    e.hints = []
+    e.choose("nope", "(B,) -> (B,)")
+    assert "signatures chosen for ops that are not in the graph: nope" in e.error
+
+
+def test_settings_that_make_choices_invalid_drop_them_with_a_note(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2")
+    e.selected_op = "blocks_0_act"
+    e.choose("blocks_0_act", e.candidates[-1]["signature"])
+    assert e.error == "" and e.choices
+    e.configure(preset="dp_tp", mesh_text="2, 2")
+    assert e.error == "" and e.choices == {} and "dropped the signature chosen for blocks_0_act" in e.note
+
+
+def test_bad_settings(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2")
+    for traits, msg in [({"preset": "tp", "mesh_text": "2, 2"}, "runs on a 1-D mesh"),
+                        ({"preset": "dp_tp", "mesh_text": "4"}, "DP x TP needs a 2-D mesh"),
+                        ({"preset": "fsdp"}, "preset 'fsdp': pick one of single, dp"),
+                        ({"mesh_text": "2, y"}, "'y' is not a whole number"),
+                        ({"mesh_text": "8, 8, 2"}, "at most 64"),
+                        ({"micro_batches": 3}, "batch size 8 does not divide into 3 micro-batches"),
+                        ({"optimizer": "lion"}, "optimizer 'lion': pick one of sgd, adam"),
+                        ({"lr": -1.0}, "SGD needs lr > 0"),
+                        ({"preset": "pipeline", "inner": "tp", "mesh_text": "2, 2"}, "needs a 1-D mesh per stage")]:
+        e.configure(**traits)
+        assert msg in e.error, (traits, e.error)
+        e.configure(preset="dp", mesh_text="2", micro_batches=1, optimizer="sgd", lr=0.1, inner="none")
+        assert e.error == ""
+    with pytest.raises(TypeError, match="configure\\(\\) takes"):
+        e.configure(colour="red")
+
+
+def test_views_are_the_compiled_objects(builder):
+    e = StrategyEditor(builder, preset="dp_tp", mesh="2, 2")
+    c = e.compiled
+    assert e.memory_rows == [{"rank": r, "params": m.params, "grads": m.grads, "optimizer_state": m.optimizer_state,
+                              "activations_peak": m.activations_peak, "in_flight": m.micro_batches_in_flight,
+                              "peak": m.peak} for r, m in sorted(c.memory.ranks.items())]
+    assert e.memory_text == c.memory.table()
+    for r, m in c.memory.ranks.items():  # the stacked bar of each rank adds up to its peak
+        segs = re.findall(r'data-value="([\d.]+)" x="[\d.]+" y="[\d.]+" width="[\d.]+" height="[\d.]+" fill="[^"]+">'
+                          rf"<title>rank {r}:", e.memory_svg)
+        assert sum(float(s) for s in segs) == m.peak
+    assert e.comm_bytes == {str(r): b for r, b in c.physical.comm_bytes_per_rank().items()}
+    assert len(e.comm_rows) == len(c.physical.collectives)
+    assert [r["kind"] for r in e.comm_rows] == [x.kind + (f"({x.reduce_op})" if x.reduce_op else "")
+                                                for x in c.physical.collectives]
+    assert e.dot == physical_dot(c.physical, c.graph, ranks=[0, 1, 2, 3], phases=("forward",), collapse=True,
+                                 title=f"{c.strategy.name}: physical graph, ranks [0, 1, 2, 3], forward")
+    assert set(e.timings_ms) >= {"deduce", "lower", "memory", "graph", "total"}
+
+
+def test_graph_controls(builder):
+    e = StrategyEditor(builder, preset="dp_tp", mesh="2, 2")
+    v = e.version
+    e.graph_ranks = "1"
+    assert "cluster_rank1" in e.dot and "cluster_rank0" not in e.dot and e.version == v  # no recompute
+    e.graph_ranks = "0, 9"
+    assert "write 'all' or ranks among [0, 1, 2, 3]" in e.error
+    e.configure(preset="dp", mesh_text="2")  # the step compiles; only the view setting is reported
+    assert e.version == v + 1 and e.strategy_name == "data parallel x2" and "ranks among [0, 1]" in e.error
+    e.configure(preset="dp_tp", mesh_text="2, 2")
+    e.graph_ranks = "all"
+    e.graph_phases = ["forward", "backward"]
+    assert "all_reduce" in e.dot and e.error == ""
+    e.graph_kind = "logical"
+    assert e.dot.startswith('digraph "logical"') and '"box:' in e.dot
+    e.graph_phases = ["sideways"]
+    assert "graph phases ['sideways']" in e.error
+    e.graph_phases, e.graph_kind = ["forward"], "3d"
+    assert "graph kind '3d'" in e.error
+    e.graph_kind = "physical"
+    e.op_phase = "update"
+    assert e.ops and {r["phase"] for r in e.ops} == {"update"}
+    e.op_phase, e.op_filter = "forward", "fc2"
+    assert [r["name"] for r in e.ops] == ["blocks.0.fc2", "blocks.1.fc2"]
+    e.selected_op = "missing"
+    assert "op 'missing' is not in the graph" in e.error
+
+
+def test_follows_the_model_builder_and_the_page():
+    b = ModelBuilder("mlp", **MLP_SIZES)
+    e = StrategyEditor(b, preset="dp", mesh="2")
+    params = len(e.compiled.graph.params)
+    b.set_size("n_blocks", 3)
+    assert e.error == "" and len(e.compiled.graph.params) == params + 4
+    e.selected_op = "blocks.2.fc1"
+    e.choose("blocks.2.fc1", e.candidates[1]["signature"])
+    assert e.error == "" and repr(e.compiled.deduction.choices["blocks.2.fc1"].signature) == e.candidates[1]["signature"]
+    b.set_size("n_blocks", 2)
+    assert e.error == "" and e.choices == {} and "dropped the signatures chosen for blocks.2.fc1" in e.note
+    b.set_size("n_blocks", 3)
+    b.set_size("n_blocks", -2)
+    assert b.error and e.error == "" and len(e.compiled.graph.params) == params + 4  # keeps the last good model
+    e.set_state({"preset": "zero3"})  # a click in the page arrives as set_state
+    assert e.strategy_name == "ZeRO-3 x2" and "summary" in e.get_state()
+    js = asset_path("strategy_editor.js").read_text()
+    for tid in ("preset-select", "mesh-input", "ops-table", "signature-list", "op-explain", "physical-graph",
+                "memory-chart", "comm-chart", "error-message", "hint-add", "graph-ranks"):
+        assert f'"{tid}"' in js
+    assert "`op-row-${op.name}`" in js and "`signature-${i}`" in js
+    assert ".sig-choice.selected" in asset_path("strategy_editor.css").read_text()
+    with pytest.raises(TypeError, match="needs an example batch"):
+        StrategyEditor(b.module)
