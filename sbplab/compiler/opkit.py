@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ..ops._util import numel  # noqa: F401  (re-exported for the compiler's op files)
 from ..ops.registry import REGISTRY, OpDef, Signature, TensorMeta, register
 from ..sbp import B, P, S
 
@@ -33,12 +34,6 @@ def linear_in(n_in: int, n_out: int, which: int) -> Signature:
     """P on input ``which`` and B on the rest gives P outputs: the op is linear in that input."""
     return Signature(tuple(P if i == which else B for i in range(n_in)), tuple(P for _ in range(n_out)))
 
-
-def numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def ew_flops(per_element: int):
