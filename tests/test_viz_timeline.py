@@ -183,3 +183,10 @@ def test_bars_of_a_real_pipeline_run():
     by_kind = {tr.name: len(tr.x) for tr in fig.data}
     assert by_kind["communication"] == sum(e.lane == "comm" for e in trace.events)
     assert by_kind["update"] == sum(e.phase == "update" and e.lane != "comm" for e in trace.events)
+
+
+def test_lane_rows_sort_naturally():
+    from sbplab.viz.timeline import _rows
+
+    ev = [{"ph": "X", "pid": 0, "tid": t, "name": "a", "ts": 0, "dur": 1} for t in ["comm 2", "comm 10", "comm 1"]]
+    assert _rows(timeline_bars(ev)) == ["rank 0 · comm 1", "rank 0 · comm 2", "rank 0 · comm 10"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,10 +135,10 @@ def timeline_bars(trace: Any) -> list[Bar]:
 def _rows(bars: Iterable[Bar]) -> list[str]:
     """Rows ordered by rank, then lane (compute before communication), as they first appear."""
     def key(b: Bar):
-        return (str(type(b.rank)), b.rank, "comm" in b.lane.lower(), b.lane)
+        # natural order of lane names, so "comm 2" comes before "comm 10"
+        lane = tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", b.lane))
+        return (str(type(b.rank)), b.rank, "comm" in b.lane.lower(), lane)
     return list(dict.fromkeys(b.row for b in sorted(bars, key=key)))
-
-
 
 
 def _add_bars(fig: Any, bars: list[Bar], t0: float, row: int | None, col: int | None, legend: bool) -> None:
@@ -155,7 +156,7 @@ def _add_bars(fig: Any, bars: list[Bar], t0: float, row: int | None, col: int | 
             x=[b.dur_us for b in sel], base=[b.start_us - t0 for b in sel], y=[b.row for b in sel],
             orientation="h", name=kind, legendgroup=kind, showlegend=legend,
             marker=dict(color=[shade(KIND_COLORS[kind], b.micro_batch or 0) for b in sel],
-                        line=dict(color="#333", width=0.5)),
+                        line=dict(color="rgba(40,40,40,0.35)", width=0.5)),
             text=[str(b.args.get("op", b.name)).rsplit(":", 1)[-1] for b in sel],  # "module:kernel" -> kernel
             textposition="inside", insidetextanchor="middle", textangle=0,
             customdata=custom,
