@@ -20,6 +20,7 @@ from ..layout import assemble, local_shape, shard
 from ..ops.registry import TensorMeta, get_op
 from ..placement import Placement
 from ..sbp import B, NdSbp, as_nd_sbp, fmt_sbp
+from ..viz.layout_picture import type_string
 from .dispatch import decide, default_cluster, normalise_out_sbp
 from .records import BoxingRecord, OpRecord, Record, emit
 
@@ -30,8 +31,6 @@ def _fresh_name(prefix: str = "t") -> str:
     return f"{prefix}{next(_names)}"
 
 
-_SHORT_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
-                 torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
 
 
 class GlobalTensor:
@@ -77,15 +76,8 @@ class GlobalTensor:
         return assemble(self.shards, self.placement, self.sbp)
 
     def type_str(self) -> str:
-        """JAX-style type with sharding written in: ``f32[8@axis0,6@axis1]`` (axis names if set)."""
-        dims = [str(n) for n in self.shape]
-        for axis, x in enumerate(self.sbp):
-            if hasattr(x, "dim"):
-                dims[x.dim] += f"@{self.placement.axis_label(axis)}"
-        partial = [f"{self.placement.axis_label(a)}:{x!r}" for a, x in enumerate(self.sbp)
-                   if type(x).__name__ == "Partial"]
-        tail = f" partial{{{', '.join(partial)}}}" if partial else ""
-        return f"{_SHORT_DTYPES.get(self.dtype, str(self.dtype))}[{','.join(dims)}]{tail}"
+        """JAX-style type with the sharding written in: ``f32[8@dp,6]``, ``{P:tp}`` for partial axes."""
+        return type_string(self.shape, self.placement, self.sbp, self.dtype)
 
     def __repr__(self) -> str:
         locs = sorted(set(self.local_shapes.values()))
