@@ -1,13 +1,22 @@
 """StrategyEditor responsiveness: after an SBP change on a 12-layer GPT, how long until the physical
 graph, memory and communication summary are recomputed. Goal: under 300 ms (printed, not asserted).
 
-An "SBP change" is what a click in the editor does: pick another signature for one op (a GELU in
-the middle block), or switch the preset. Each change runs deduction, lowering, the memory report,
-the tables and the physical graph (DOT text, and SVG through graphviz's ``dot`` where it exists);
-tracing and autodiff are cached. The breakdown per stage comes from the editor's own ``timings_ms``,
-and a cProfile of one change says which functions the time goes to.
+An "SBP change" is what a click in the editor does: pick another signature for one op, or switch the
+preset. Each change runs deduction, lowering, the memory report, the tables and the physical graph
+(DOT text, and SVG through graphviz's ``dot`` where it exists); tracing and autodiff are cached.
+
+- *new signature*: each change forces a GELU of another block to another signature, a layout the
+  editor has not seen before (so nothing is answered by a cache of whole results).
+- *back and forth*: one GELU cycles through three signatures, layouts seen before.
+- *preset*: DP x4 <-> DP x TP 2x2.
+
+The breakdown per stage comes from the editor's own ``timings_ms`` ("shown": until everything but
+the graph picture is on the page, where the editor draws the picture last). ``--against DIR`` runs
+this same benchmark on the sbplab source tree in DIR (another checkout, say the last release) in a
+child process first and prints both side by side.
 
     .venv/bin/python benchmarks/bench_strategy_editor.py [--layers 12] [--changes 8] [--profile]
+    .venv/bin/python benchmarks/bench_strategy_editor.py --against /path/to/old/checkout
 """
 
 from __future__ import annotations
@@ -16,13 +25,17 @@ import argparse
 import cProfile
 import gc
 import io
+import json
 import os
 import pstats
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from sbplab.viz.dot import dot_available
-from sbplab.widgets import ModelBuilder, StrategyEditor
+KEYS = ["wall", "cpu", "shown", "total", "deduce", "lower", "memory", "tables", "graph", "svg", "ops", "gc",
+        "full gc"]
 
 
 class GcClock:
@@ -52,7 +65,7 @@ def cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def timed(editor: StrategyEditor, change, clock: GcClock) -> dict:
+def timed(editor, change, clock: GcClock) -> dict:
     """Wall and CPU time of one change, the editor's own breakdown, and the collector's share."""
     gc_ms, full = clock.total()
     c0, t0 = cpu_s(), time.perf_counter()
@@ -65,27 +78,26 @@ def timed(editor: StrategyEditor, change, clock: GcClock) -> dict:
     return {**editor.timings_ms, "wall": wall, "cpu": cpu, "gc": gc_after - gc_ms, "full gc": full_after - full}
 
 
-def timed_changes(editor: StrategyEditor, op: str, sigs: list[str], n: int, clock: GcClock) -> list[dict]:
-    return [timed(editor, lambda i=i: editor.choose(op, sigs[i % len(sigs)]), clock) for i in range(n)]
+def stat(runs: list[dict], f=statistics.median) -> dict[str, float]:
+    return {k: f(r[k] for r in runs) for k in KEYS if all(k in r for r in runs)}
 
 
-def show(title: str, runs: list[dict[str, float]]) -> None:
-    keys = ["wall", "cpu", "total", "deduce", "lower", "memory", "tables", "graph", "ops", "gc", "full gc"]
-    print(f"\n{title} ({len(runs)} changes), ms: median [min .. max]")
-    for k in keys:
-        vals = [r.get(k, 0.0) for r in runs]
-        print(f"  {k:8s} {statistics.median(vals):8.1f}  [{min(vals):7.1f} .. {max(vals):7.1f}]")
+def show(title: str, runs: list[dict]) -> None:
+    """Median and mean: a full garbage collection every few changes shows in the mean, not the median."""
+    print(f"\n{title} ({len(runs)} changes), ms: median, mean [min .. max]")
+    for k in KEYS:
+        if all(k in r for r in runs):
+            vals = [r[k] for r in runs]
+            print(f"  {k:8s} {statistics.median(vals):8.1f} {statistics.mean(vals):8.1f}  "
+                  f"[{min(vals):7.1f} .. {max(vals):7.1f}]")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--mesh", default="2,2", help="dp, tp")
-    ap.add_argument("--changes", type=int, default=8)
-    ap.add_argument("--profile", action="store_true", help="cProfile one change and print the top functions")
-    args = ap.parse_args()
+def run(args: argparse.Namespace) -> dict:
+    """Every section's runs, and what was measured on."""
+    from sbplab.viz.dot import dot_available
+    from sbplab.widgets import ModelBuilder, StrategyEditor
+
     clock = GcClock()
-
     t0 = time.perf_counter()
     builder = ModelBuilder("gpt", n_layer=args.layers)
     t1 = time.perf_counter()
@@ -94,50 +106,109 @@ def main() -> None:
     if editor.error:
         raise SystemExit(editor.error)
     c = editor.compiled
-    print(f"GPT {args.layers} layers, {c.strategy.name}: {len(c.graph.ops)} logical ops, "
-          f"{len(c.physical.nodes)} physical nodes, {len(c.physical.collectives)} collectives; "
-          f"graphviz dot {'found' if dot_available() else 'NOT found (text only)'}")
-    print(f"build + trace the model: {(t1 - t0) * 1e3:.0f} ms; first compile in the editor "
-          f"(trace per micro-batch, autodiff, cold caches): {(t2 - t1) * 1e3:.0f} ms")
+    info = {"model": f"GPT {args.layers} layers, {c.strategy.name}: {len(c.graph.ops)} logical ops, "
+                     f"{len(c.physical.nodes)} physical nodes, {len(c.physical.collectives)} collectives; graphviz "
+                     f"dot {'found' if dot_available() else 'NOT found (text only)'}",
+            "build": (t1 - t0) * 1e3, "first": (t2 - t1) * 1e3}
+    gelus = [o.name for o in c.graph.ops if o.phase == "forward" and o.type == "gelu"]
+    options = {}
+    for op in gelus:
+        editor.selected_op = op
+        options[op] = [x["signature"] for x in editor.candidates[:3]]
+    editor.selected_op = ""
+    mid = gelus[len(gelus) // 2]
+    sigs = options[mid]
 
-    mid = args.layers // 2
-    op = next(o.name for o in c.graph.ops if o.phase == "forward" and o.type == "gelu"
-              and o.module.startswith(f"blocks.{mid}."))
-    editor.selected_op = op
-    sigs = [x["signature"] for x in editor.candidates[:3]]
-    print(f"changing the signature of {op!r} among {sigs}")
-    warm = timed_changes(editor, op, sigs, 2, clock)  # first changes fill the boxing and signature caches
-    runs = timed_changes(editor, op, sigs, args.changes, clock)
-    show("signature change", runs)
-    print(f"  live objects the collector walks on a full pass: {len(gc.get_objects()):,}")
-
-    preset_runs = [timed(editor, lambda p=p, m=m: editor.configure(preset=p, mesh_text=m), clock)
-                   for p, m in [("dp", "4"), ("dp_tp", args.mesh)] * max(1, args.changes // 2)]
-    show("preset change (DP x4 <-> DP x TP)", preset_runs)
-
-    # the same changes with everything built so far moved out of the collector's sight
-    gc.freeze()
-    frozen = timed_changes(editor, op, sigs, args.changes, clock)
-    gc.unfreeze()
-    show("signature change after gc.freeze() (the collector skips the objects alive before)", frozen)
-
-    med = statistics.median(r["wall"] for r in runs)
-    no_full = [r["wall"] for r in runs if not r["full gc"]]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"\nmachine: {os.cpu_count()} cores, load average {load:.1f} (wall times grow with load; cpu does not)")
-    print(f"responsiveness: {med:.0f} ms median after a signature change (goal < 300 ms), "
-          f"{statistics.median(r['cpu'] for r in runs):.0f} ms of CPU; "
-          f"{statistics.median(no_full) if no_full else float('nan'):.0f} ms median of the changes without a "
-          f"full garbage collection; {statistics.median(r['wall'] for r in frozen):.0f} ms after gc.freeze(); "
-          f"first two changes " + ", ".join(f"{r['wall']:.0f}" for r in warm) + " ms")
+    # new layouts: block k's GELU takes its 2nd or 3rd signature, each (block, signature) once
+    fresh = [(op, options[op][1 + (i // len(gelus)) % 2]) for i, op in enumerate(gelus * 2) if op != mid]
+    warm = [timed(editor, lambda: editor.choose(mid, sigs[1]), clock)]  # boxing plans for this model
+    new = [timed(editor, lambda op=op, s=s: setattr(editor, "choices", {op: s}), clock)
+           for op, s in fresh[:args.changes]]
+    back = [timed(editor, lambda i=i: setattr(editor, "choices", {mid: sigs[i % 3]}), clock)
+            for i in range(args.changes)]
+    objects = len(gc.get_objects())
+    presets = [timed(editor, lambda p=p, m=m: editor.configure(preset=p, mesh_text=m, choices={}), clock)
+               for p, m in [("dp", "4"), ("dp_tp", args.mesh)] * max(1, args.changes // 2)]
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
-        editor.choose(op, sigs[0] if editor.choices.get(op) != sigs[0] else sigs[1])
+        editor.choices = {fresh[-1][0]: fresh[-1][1]}
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(20)
         print(buf.getvalue())
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    info.update(objects=objects, load=load, warm=warm[0]["wall"], source=str(Path(sys.modules["sbplab"].__file__).parent))
+    return {"info": info, "sections": {"new signature": new, "back and forth": back, "preset": presets}}
+
+
+def report(res: dict, title: str = "") -> None:
+    info = res["info"]
+    print(f"{title}{info['model']}\n  sbplab from {info['source']}")
+    print(f"  build + trace the model: {info['build']:.0f} ms; first compile in the editor (trace per micro-batch, "
+          f"autodiff, cold caches): {info['first']:.0f} ms; first signature change {info['warm']:.0f} ms")
+    for name, runs in res["sections"].items():
+        show(name, runs)
+    print(f"\n  live objects the collector walks on a full pass: {info['objects']:,}; load average {info['load']:.1f}")
+
+
+def side_by_side(before: dict, after: dict) -> None:
+    print("\nms, before -> after (same script, same machine, one after the other)")
+    print(f"  {'':16s}{'':9s}" + "".join(f"{k:>12s}" for k in ("median", "", "", "mean", "", "")))
+    print(f"  {'':16s}{'':9s}" + "".join(f"{k:>12s}" for k in ("before", "after", "ratio") * 2))
+
+    def cells(x: float | None, y: float | None) -> str:
+        ratio = f"{y / x:.2f}" if x and y is not None else "-"
+        return "".join(f"{v:>12s}" for v in (f"{x:.1f}" if x is not None else "-",
+                                             f"{y:.1f}" if y is not None else "-", ratio))
+
+    for name in after["sections"]:
+        b, a = before["sections"][name], after["sections"][name]
+        bm, am, bmean, amean = stat(b), stat(a), stat(b, statistics.mean), stat(a, statistics.mean)
+        for k in KEYS:
+            if k in am or k in bm:
+                print(f"  {name if k == 'wall' else '':16s}{k:9s}" + cells(bm.get(k), am.get(k))
+                      + cells(bmean.get(k), amean.get(k)))
+    print(f"  load average: before {before['info']['load']:.1f}, after {after['info']['load']:.1f} "
+          f"(wall times grow with load; cpu does not); {os.cpu_count()} cores")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--mesh", default="2,2", help="dp, tp")
+    ap.add_argument("--changes", type=int, default=8)
+    ap.add_argument("--profile", action="store_true", help="cProfile one change and print the top functions")
+    ap.add_argument("--against", metavar="DIR", help="also run on the sbplab source tree in DIR, first")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --against's child process
+    args = ap.parse_args()
+    if args.json:
+        print(json.dumps(run(args)))
+        return
+    before = None
+    if args.against:
+        src = Path(args.against).resolve()
+        if not (src / "sbplab" / "__init__.py").exists():
+            raise SystemExit(f"--against {args.against}: no sbplab package there (expected {src}/sbplab)")
+        cmd = [sys.executable, __file__, "--json", "--layers", str(args.layers), "--mesh", args.mesh,
+               "--changes", str(args.changes)]
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=src)
+        if out.returncode:
+            raise SystemExit(f"the run on {src} failed:\n{out.stderr[-3000:]}")
+        before = json.loads(out.stdout.strip().splitlines()[-1])
+        report(before, "BEFORE: ")
+        print()
+    after = run(args)
+    report(after, "AFTER: " if before else "")
+    new = stat(after["sections"]["new signature"])
+    mean = stat(after["sections"]["new signature"], statistics.mean)
+    print(f"\nresponsiveness: {new['wall']:.0f} ms median after a signature change (goal < 300 ms; mean "
+          f"{mean['wall']:.0f} ms), {new['cpu']:.0f} ms of CPU" +
+          (f"; the numbers are on the page after {new['shown']:.0f} ms, the graph picture follows"
+           if "shown" in new else ""))
+    if before:
+        side_by_side(before, after)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 import sbplab as sl
 from sbplab.compiler.autodiff import add_backward
@@ -51,6 +52,76 @@ def test_units_and_repeats():
     assert find_repeats(odd) == [RepeatGroup("b", 1, 2, 0, 2)]
     with pytest.raises(ValueError, match="keep must be >= 1"):
         find_repeats(pairs, keep=0)
+
+
+def test_runs_of_equal_units_collapse_even_when_the_first_differs():
+    def units(types_of):  # index -> op types
+        return [(("blocks", i), t) for i, ts in enumerate(types_of) for t in ts]
+
+    same, other = ("linear", "relu"), ("linear", "gelu", "linear")
+    assert find_repeats(units([other] + [same] * 11)) == [RepeatGroup("blocks", 2, 10, 1, 2)]
+    # a run whose layer is already drawn refers to it and collapses from its start
+    assert find_repeats(units([same] * 4 + [other] + [same] * 6)) == [
+        RepeatGroup("blocks", 1, 3, 0, 2), RepeatGroup("blocks", 5, 9, 0, 2)]
+    assert find_repeats(units([other] + [same] * 11), keep=2) == [RepeatGroup("blocks", 3, 9, 1, 2)]
+    # two runs of different layers each collapse on their own; prefixes are separate stacks
+    mixed = units([same] * 4 + [other] * 4) + [(("heads", i), "linear") for i in range(4)]
+    assert find_repeats(mixed) == [RepeatGroup("blocks", 1, 3, 0, 2), RepeatGroup("blocks", 5, 6, 4, 3),
+                                   RepeatGroup("heads", 1, 2, 0, 1)]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, extra: bool) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.extra = extra
+
+    def forward(self, x):
+        y = torch.relu(self.fc(x))
+        return torch.tanh(y) if self.extra else y
+
+
+class _Stack(torch.nn.Module):
+    """Six blocks; ``blocks.0`` does one op more than the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(i == 0) for i in range(6)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_a_different_first_block_leaves_the_others_collapsed_in_dot_text():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    g = from_torch(_Stack(), (x,), torch.nn.functional.mse_loss, y)
+    ns = nodes(logical_dot(g))
+    (rep,) = [n for n in ns if n.startswith("repeat:")]
+    assert rep == "repeat:blocks.2-4"
+    assert label(ns[rep]) == r"blocks.2 … blocks.4\n3 × same as blocks.1\n2 ops each"
+    shown = {o.name for o in g.ops if f"op:{o.name}" in ns}
+    assert {unit_of(o.module) for o in g.ops if o.name in shown and o.module} == {("blocks", i) for i in (0, 1, 5)}
+
+
+def test_physical_graph_after_a_signature_change_in_blocks_0_still_collapses():
+    from sbplab.compiler import SGD, compile, presets
+    from sbplab.viz import physical_dot
+
+    m = MLP(MLPConfig(n_blocks=6))
+    (x,), y = m.example_batch(8)
+    st = presets.data_parallel(2).signature("blocks.0.fc1", "(B), (S(0)), (S(0)) -> (S(1))")
+    c = compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=SGD(lr=0.1), strategy=st)
+    dot = physical_dot(c.physical, c.graph, ranks=[0])
+    ns = nodes(dot)
+    (rep,) = [n for n in ns if "repeat:" in n]
+    assert rep == "r0:repeat:blocks.2-4"
+    assert label(ns[rep]).startswith(r"blocks.2 … blocks.4\n3 × same as blocks.1\n")
+    assert re.findall(r'subgraph "cluster_[^"]*"', dot) == ['subgraph "cluster_rank0"']
+    assert any(n.startswith("n") and "blocks.0.fc1" in label(a) for n, a in ns.items())
+    assert any(n.startswith("n") and "blocks.1.fc1" in label(a) for n, a in ns.items())
+    assert not any(n.startswith("n") and "blocks.3.fc1" in label(a) for n, a in ns.items())
 
 
 def test_repeated_blocks_collapse_into_one_summary_node():

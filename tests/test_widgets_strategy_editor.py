@@ -11,11 +11,13 @@ import torch
 pytest.importorskip("anywidget")
 
 from sbplab.compiler import SGD, compile, deduce, presets  # noqa: E402
+from sbplab.compiler.ranking import options  # noqa: E402
 from sbplab.compiler.reference import torch_steps  # noqa: E402
+from sbplab.compiler.signature_hints import escape  # noqa: E402
 from sbplab.viz import physical_dot  # noqa: E402
 from sbplab.widgets import ModelBuilder, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
-from sbplab.widgets.chosen import HAND, deduce_with_choices, options  # noqa: E402
+from sbplab.widgets.strategy_form import HAND  # noqa: E402
 
 MLP_SIZES = dict(in_dim=8, width=8, hidden=16, n_blocks=2, n_classes=4)
 
@@ -78,17 +80,21 @@ def test_pipeline_stages_per_module(builder):
     assert e.error == "" and e.stage_of == {}
 
 
-def test_no_choices_is_plain_deduce_and_choosing_the_deduced_changes_nothing(builder):
+def test_choices_are_signature_hints_and_choosing_the_deduced_changes_nothing(builder):
     e = StrategyEditor(builder, preset="dp_tp", mesh="2, 2")
     c = e.compiled
-    g1, g2 = c.graph.copy(), c.graph.copy()
-    same = {op.name: repr(ch.signature) for op, ch in ((o, c.deduction.choices[o.name]) for o in c.graph.ops)}
-    _same_deduction(deduce_with_choices(g1, c.strategy, {}), deduce(g2, c.strategy))
-    _same_deduction(deduce_with_choices(c.graph.copy(), c.strategy, same), c.deduction)
+    assert c.strategy.signatures == [] and c.deduction.forced == {}
+    _same_deduction(c.deduction, deduce(c.graph.copy(), presets.dp_tp((2, 2))))
     for op in c.graph.ops:  # the editor's first option is deduction's pick, at the same price
         best = options(c.deduction, op.name)[0]
         assert (best.signature, best.cost) == (c.deduction.choices[op.name].signature,
                                                c.deduction.choices[op.name].cost), op.name
+    before = c.deduction
+    e.choices = {op.name: repr(before.choices[op.name].signature) for op in c.graph.ops}
+    assert e.error == "" and set(e.compiled.deduction.forced) == set(e.choices)
+    assert [(h.pattern, h.text, h.why) for h in e.compiled.strategy.signatures] == \
+        [(escape(k), v, HAND) for k, v in e.choices.items()]
+    _same_deduction(e.compiled.deduction, before)
 
 
 def test_choosing_a_signature_by_hand_changes_the_plan_and_still_trains_right(builder):
@@ -105,7 +111,7 @@ def test_choosing_a_signature_by_hand_changes_the_plan_and_still_trains_right(bu
     e.choose(op, pick["signature"])
     ch = e.compiled.deduction.choices[op]
     assert e.error == "" and repr(ch.signature) == pick["signature"] and ch.cost == pick["cost"]
-    assert ch.reason.startswith(HAND + "; deduction would take")
+    assert ch.reason.startswith(f"forced by signature hint '{op}' [{HAND}]; deduction would take")
     assert e.compiled.summary() != before
     row = next(r for r in e.ops if r["name"] == op)
     assert row["hand"] and row["signature"] == pick["signature"]
@@ -220,6 +226,26 @@ def test_graph_controls(builder):
     assert [r["name"] for r in e.ops] == ["blocks.0.fc2", "blocks.1.fc2"]
     e.selected_op = "missing"
     assert "op 'missing' is not in the graph" in e.error
+
+
+def test_the_graph_picture_is_sent_after_the_numbers(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2")
+    sent: list[set[str]] = []
+    send = e.send_state
+    e.send_state = lambda key=None: (sent.append(set(key or ())), send(key))[1]
+    e.selected_op = "blocks.0.fc1"
+    pick = next(c["signature"] for c in e.candidates if c["cost"] > 0)
+    dot_before, sent[:] = e.dot, []
+    e.choose("blocks.0.fc1", pick)
+    assert e.error == "" and e.dot != dot_before
+    numbers = next(i for i, k in enumerate(sent) if "summary" in k)
+    picture = next(i for i, k in enumerate(sent) if k & {"graph_svg", "graph_text", "graph_note"})
+    assert numbers < picture and not sent[numbers] & {"graph_svg", "graph_text"} and {"ops", "candidates"} <= sent[numbers]
+    ms = e.timings_ms
+    assert ms["total"] == pytest.approx(ms["shown"] + ms["svg"], abs=0.02)
+    v = e.version
+    e.graph_kind = "logical"  # a view change draws at once and keeps the recompute's timings
+    assert e.dot.startswith('digraph "logical"') and e.version == v and e.timings_ms == ms
 
 
 def test_follows_the_model_builder_and_the_page():

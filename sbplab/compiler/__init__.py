@@ -18,8 +18,11 @@ from .grad_rules import attach_rules
 from .interpret import interpret
 from .ir import Graph, GraphError, OpNode, TensorNode
 from .lower import lower
+from .memo import clear_caches
 from .optim import SGD, Adam, AdamW
 from .physical import Collective, PhysicalGraph, PhysNode, Ref
+from .ranking import Option, options
+from .signature_hints import SignatureError, SignatureHint, parse_signature
 from .strategy import Hint, HintError, Strategy
 
 attach_rules()

@@ -5,7 +5,12 @@ Then, op by op in topological order, each op picks one of its n-D signatures: th
 least boxing to feed its inputs (from the SBP their producers left) plus the boxing to bring its
 outputs to any SBP they must end in (a hint, or the SBP of the state an update replaces). Ties
 go to the signature that changes fewer inputs, so an op keeps its producers' SBP when any
-signature accepts it, exactly as OneFlow does. Costs are bytes sent, from ``plan_boxing``.
+signature accepts it, exactly as OneFlow does. Costs are bytes sent, from ``plan_boxing``. An op
+named by a signature hint takes that signature instead, priced and boxed the same way.
+
+Plans, costs and each op's ranking are pure functions of their keys and live in ``memo``'s
+bounded caches, shared by all deductions: re-deducing after a small strategy change re-plans only
+what changed.
 
 Gradients need no special case: a batch-split ``x`` times a broadcast ``w`` makes a ``P``
 weight gradient by the signature of ``linear_grad_weight``; the optimizer's signatures then pull
@@ -14,14 +19,19 @@ it to ``B`` (all-reduce) or, when the state is stored ``S(0)``, to ``S(0)`` (red
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..boxing import BoxingPlan, plan_boxing
 from ..cluster import Cluster
 from ..layout import LayoutError, check_layout
-from ..ops.registry import NdSignature, nd_signatures
+from ..ops.registry import NdSignature
 from ..placement import Placement
 from ..sbp import B, Broadcast, NdSbp, Partial, Split, fmt_sbp
-from .ir import Graph, GraphError, OpNode
+from .ir import Graph, OpNode
+from .memo import COSTS, PLANS
+from .ranking import Scored, rank_signatures, wanted_outputs
 from .records import Boxing, OpChoice
+from .signature_hints import SignatureError, SignatureHint, forced_signatures
 from .staging import assign_placements
 from .strategy import Hint, HintError, Strategy
 
@@ -40,20 +50,18 @@ class Deduction:
         self.write_backs: dict[str, int] = {}
         self.store_hints: dict[str, tuple[NdSbp, Hint]] = {}
         self.use_hints: dict[str, tuple[NdSbp, Hint]] = {}
+        self.forced: dict[str, tuple[NdSignature, SignatureHint]] = {}  # op -> signature a hint gives it
+        self.successor_of = {new: old for old, new in graph.state_updates.items()}
         self._shared: dict[tuple, int] = {}
-        self._plans: dict[tuple, BoxingPlan] = {}
-        self._costs: dict[tuple, int] = {}
-        self._scores: dict[tuple, list] = {}
 
-    # --- boxing plans, cached --------------------------------------------------------------------
+    # --- boxing plans, cached across deductions ----------------------------------------------------
     def plan(self, tensor: str, src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement) -> BoxingPlan:
         m = self.graph.tensors[tensor].meta
-        key = (m.shape, m.dtype, src, dst, src_pl, dst_pl)
-        p = self._plans.get(key)
+        key = (m.shape, m.dtype, src, dst, src_pl, dst_pl, self.cluster)
+        p = PLANS.get(key)
         if p is None:
-            p = plan_boxing(m.shape, src, dst, src_pl, dst_pl if dst_pl != src_pl else None, dtype=m.dtype,
-                            cluster=self.cluster)
-            self._plans[key] = p
+            p = PLANS.put(key, plan_boxing(m.shape, src, dst, src_pl, dst_pl if dst_pl != src_pl else None,
+                                           dtype=m.dtype, cluster=self.cluster))
         return p
 
     def cost(self, tensor: str, src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement) -> int:
@@ -62,10 +70,10 @@ class Deduction:
             if is_local_change(src, dst):
                 return 0
             m = self.graph.tensors[tensor].meta
-            key = (m.shape, m.dtype, src, dst, src_pl.shape)
-            c = self._costs.get(key)
+            key = (m.shape, m.dtype, src, dst, src_pl.shape, src_pl.device_type, self.cluster)
+            c = COSTS.get(key)
             if c is None:
-                c = self._costs[key] = self.plan(tensor, src, dst, src_pl, dst_pl).total_bytes
+                c = COSTS.put(key, self.plan(tensor, src, dst, src_pl, dst_pl).total_bytes)
             return c
         return self.plan(tensor, src, dst, src_pl, dst_pl).total_bytes
 
@@ -95,8 +103,9 @@ class Deduction:
             self._shared[key] = b.id
         return use, self._shared[key]
 
-    def read(self, op: OpNode, tensor: str, want: NdSbp, why: str) -> int | None:
-        """The boxing (shared per tensor, target and phase) that gives ``op`` the tensor as ``want``."""
+    def read(self, op: OpNode, tensor: str, want: NdSbp, why: str | Callable[[], str]) -> int | None:
+        """The boxing (shared per tensor, target and phase) that gives ``op`` the tensor as ``want``;
+        ``why`` may be a function, called only when a boxing is made (most reads need none)."""
         have, via = self.read_state(tensor, op.phase, op.stage)
         src_pl = self.placement[tensor]
         if have == want and src_pl == op.placement:
@@ -109,7 +118,8 @@ class Deduction:
         if key not in self._shared:
             b = self._new_boxing(tensor=tensor, kind="input", src_sbp=have, dst_sbp=want, src_placement=src_pl,
                                  dst_placement=op.placement, plan=self.plan(tensor, have, want, src_pl, op.placement),
-                                 phase=phase, stage=op.stage, reason=why, source=via)
+                                 phase=phase, stage=op.stage, reason=why if isinstance(why, str) else why(),
+                                 source=via)
             self._shared[key] = b.id
         b = self.boxings[self._shared[key]]
         b.consumers.append(op.name)
@@ -165,18 +175,6 @@ def is_local_change(src: NdSbp, dst: NdSbp) -> bool:
     return True
 
 
-def _freeze(attrs: dict) -> tuple:
-    return tuple(sorted(attrs.items()))
-
-
-def _candidates(graph: Graph, op: OpNode) -> list[NdSignature]:
-    metas = [graph.tensors[i].meta for i in op.inputs]
-    try:
-        return nd_signatures(op.type, metas, op.attrs, op.placement)
-    except (ValueError, TypeError) as e:
-        raise GraphError(f"op {op.name!r} ({op.type}): cannot list its signatures: {e}") from e
-
-
 def _source_sbps(d: Deduction) -> None:
     g, nd = d.graph, d.strategy.mesh_ndim
     all_b = tuple(B for _ in range(nd))
@@ -201,60 +199,44 @@ def _check_hints(d: Deduction) -> None:
                 raise HintError(f"{e} (demanded by {hint.describe()})") from None
 
 
-def choose(d: Deduction, op: OpNode, successor_of: dict[str, str]) -> None:
-    g = d.graph
-    cands = _candidates(g, op)
-    pinned = {i: d.store_hints[t] for i, t in enumerate(op.inputs) if t in d.store_hints and d.store_hints[t][1].pin}
-    if pinned:
-        keep = [s for s in cands if all(s.inputs[i] == nd for i, (nd, _) in pinned.items())]
-        if not keep:
-            i, (nd, hint) = next(iter(pinned.items()))
-            raise HintError(
-                f"tensor {op.inputs[i]!r} is pinned to {fmt_sbp(nd)} by {hint.describe()}, but op {op.name!r} "
-                f"({op.type}) has no signature reading it that way with its other inputs; valid signatures: "
-                + "; ".join(map(repr, cands[:8])))
-        cands = keep
-    have = [d.read_state(t, op.phase, op.stage)[0] for t in op.inputs]
-    want_out: dict[int, tuple[NdSbp, Placement, str]] = {}
-    for j, o in enumerate(op.outputs):
-        if o in d.store_hints:
-            want_out[j] = (d.store_hints[o][0], op.placement, d.store_hints[o][1].describe())
-        elif o in successor_of:
-            old = successor_of[o]
-            want_out[j] = (d.sbp[old], d.placement[old], f"it replaces {old} after the step")
-    # identical layers meet identical questions: score once per (op, shapes, attrs, layouts)
-    key = (op.type, tuple(g.tensors[t].meta for t in op.inputs), _freeze(op.attrs), op.placement,
-           tuple(have), tuple(d.placement[t] for t in op.inputs),
-           tuple(sorted((j, w, pl) for j, (w, pl, _) in want_out.items())), len(cands))
-    scored = d._scores.get(key)
-    if scored is None:
-        scored = []
-        for k, sig in enumerate(cands):
-            cost, changes = 0, 0
-            for t, h, w in zip(op.inputs, have, sig.inputs):
-                if h != w or d.placement[t] != op.placement:
-                    changes += 1
-                    cost += d.cost(t, h, w, d.placement[t], op.placement)
-            for j, (w, pl, _) in want_out.items():
-                cost += d.cost(op.outputs[j], sig.outputs[j], w, op.placement, pl)
-            scored.append((cost, changes, k, sig))
-        scored.sort(key=lambda x: x[:3])
-        d._scores[key] = scored
-    cost, changes, _, sig = scored[0]
-    if changes == 0 and cost == 0:
-        reason = "keeps every input's SBP: no boxing"
-    elif cost == 0:
-        reason = f"only local boxing ({changes} input(s) sliced or zero-filled, no bytes sent)"
+def _forced_choice(d: Deduction, op: OpNode, scored: Scored) -> tuple[NdSignature, int, str, list]:
+    sig, hint = d.forced[op.name]
+    mine = next((x for x in scored if x[3] == sig), None)
+    if mine is None:  # the op has it (checked when the hints were resolved), so a pin rules it out
+        i, t = next((i, t) for i, t in enumerate(op.inputs) if t in d.store_hints and d.store_hints[t][1].pin
+                    and d.store_hints[t][0] != sig.inputs[i])
+        raise SignatureError(op.name, f"op {op.name!r} ({op.type}): the signature {sig} forced by {hint.describe()} "
+                                      f"contradicts a hint: {d.store_hints[t][1].describe()} pins {t!r} to "
+                                      f"{fmt_sbp(d.store_hints[t][0])}; force a signature reading input {i} "
+                                      f"that way, or drop one of the two")
+    best = scored[0]
+    reason = f"forced by {hint.describe()}" + ("" if best[3] == sig else
+                                               f"; deduction would take {best[3]} ({best[0]} B)")
+    return sig, mine[0], reason, [(s, c) for c, _, _, s in scored if s != sig][:3]
+
+
+def choose(d: Deduction, op: OpNode) -> None:
+    """Give ``op`` its signature (the forced one, else the cheapest), box its inputs, record why."""
+    have = tuple(d.read_state(t, op.phase, op.stage)[0] for t in op.inputs)
+    want_out = wanted_outputs(d, op)
+    scored = rank_signatures(d, op, have, want_out)
+    if op.name in d.forced:
+        sig, cost, reason, rejected = _forced_choice(d, op, scored)
     else:
-        reason = f"cheapest signature counting boxing ({cost} B)"
+        cost, changes, _, sig = scored[0]
+        rejected = [(s, c) for c, _, _, s in scored[1:4]]
+        if changes == 0 and cost == 0:
+            reason = "keeps every input's SBP: no boxing"
+        elif cost == 0:
+            reason = f"only local boxing ({changes} input(s) sliced or zero-filled, no bytes sent)"
+        else:
+            reason = f"cheapest signature counting boxing ({cost} B)"
     if want_out:
         reason += "; outputs must end as " + ", ".join(
             f"{op.outputs[j]} {fmt_sbp(w)} ({why})" for j, (w, _, why) in want_out.items())
-    reads = []
-    for i, t in enumerate(op.inputs):
-        why = f"input {i} of {op.type} {op.name!r} under {sig}"
-        reads.append(d.read(op, t, sig.inputs[i], why))
-    d.choices[op.name] = OpChoice(op.name, sig, cost, reads, reason, [(s, c) for c, _, _, s in scored[1:4]])
+    reads = [d.read(op, t, sig.inputs[i], lambda i=i: f"input {i} of {op.type} {op.name!r} under {sig}")
+             for i, t in enumerate(op.inputs)]
+    d.choices[op.name] = OpChoice(op.name, sig, cost, reads, reason, rejected)
     for j, o in enumerate(op.outputs):
         d.placement[o] = op.placement
         d.produced[o] = sig.outputs[j]
@@ -275,11 +257,11 @@ def deduce(graph: Graph, strategy: Strategy, cluster: Cluster | None = None) -> 
     d = Deduction(graph, strategy, cluster)
     d.placement.update(assign_placements(graph, strategy))
     d.store_hints, d.use_hints = strategy.resolve_hints(graph)
+    d.forced = forced_signatures(graph, strategy.signatures)
     _check_hints(d)
     _source_sbps(d)
-    successor_of = {new: old for old, new in graph.state_updates.items()}
     for op in graph.ops:
-        choose(d, op, successor_of)
+        choose(d, op)
     for old, new in graph.state_updates.items():
         if d.sbp[new] != d.sbp[old] or d.placement[new] != d.placement[old]:
             pl_new = d.placement[new]

@@ -5,18 +5,27 @@ Hints name tensors by glob pattern (``"*.fc1.weight"``) and optionally by role (
 quote. A *store* hint fixes how a tensor is kept (a parameter stored ``S(0)`` under ZeRO, a
 gradient reduce-scattered to ``S(0)``); a *use* hint fixes how consumers read it (that same
 parameter gathered to ``B`` for use). Everything not hinted is deduced.
+
+A *signature* hint (``Strategy.signature``) names ops instead of tensors: those ops take the given
+n-D signature, and deduction boxes their inputs to fit (see ``signature_hints``).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from ..layout import LayoutError, check_layout
 from ..placement import Placement
 from ..sbp import NdSbp, as_nd_sbp, fmt_sbp
 from .ir import ROLES, Graph
+
+if TYPE_CHECKING:
+    from .signature_hints import SignatureHint
 
 
 class HintError(ValueError):
@@ -58,7 +67,8 @@ class Strategy:
     ``placement`` is where everything runs by default. With ``stages`` (one placement per
     pipeline stage, all with the same mesh rank), forward ops are cut into contiguous stages,
     balanced by FLOPs unless ``stage_of`` maps module prefixes to stage numbers; backward and
-    update ops follow their forward op. ``micro_batches`` splits each step's batch.
+    update ops follow their forward op. ``micro_batches`` splits each step's batch. ``signatures``
+    are the ops told which signature to take (``signature``).
     """
 
     placement: Placement
@@ -67,6 +77,7 @@ class Strategy:
     stage_of: dict[str, int] = field(default_factory=dict)
     micro_batches: int = 1
     name: str = "custom"
+    signatures: list[SignatureHint] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.placement, Placement):
@@ -103,9 +114,19 @@ class Strategy:
         self.hints.append(Hint(op_pattern, sbp, why, input_grad=index))
         return self
 
-    def _targets(self, graph: Graph, h: Hint) -> list[str]:
+    def signature(self, op_pattern: str, sig, why: str = "") -> Strategy:
+        """Ops whose names match ``op_pattern`` (a glob; ``signature_hints.escape`` makes one from a
+        name) take ``sig``: an ``NdSignature`` or text like ``"S(0), B -> S(0)"`` (1-D meshes) or
+        ``"(S(0), B), (B, S(1)) -> (S(0), S(1))"``. Returns self so hints chain."""
+        from .signature_hints import SignatureHint
+
+        self.signatures.append(SignatureHint(op_pattern, sig, why))
+        return self
+
+    def _targets(self, graph: Graph, h: Hint, by_role: dict[str | None, list[str]]) -> list[str]:
         if h.input_grad is None:
-            return [n for n, t in graph.tensors.items() if h.matches(n, t.role)]
+            match = _glob(h.pattern)
+            return [n for n in by_role[h.role] if match(n)]
         out = []
         for op in graph.ops:
             if op.phase == "forward" and fnmatch.fnmatchcase(op.name, h.pattern) and h.input_grad < len(op.inputs):
@@ -118,8 +139,13 @@ class Strategy:
         """Per tensor: (store SBP, hint) and (use SBP, hint); disagreeing hints raise HintError."""
         store: dict[str, tuple[NdSbp, Hint]] = {}
         use: dict[str, tuple[NdSbp, Hint]] = {}
+        by_role: dict[str | None, list[str]] = {None: list(graph.tensors)}  # tensor names, all and per role
+        for n, t in graph.tensors.items():
+            by_role.setdefault(t.role, []).append(n)
+        for r in ROLES:
+            by_role.setdefault(r, [])
         for h in self.hints:
-            for name in self._targets(graph, h):
+            for name in self._targets(graph, h, by_role):
                 t = graph.tensors[name]
                 try:
                     nd = as_nd_sbp(h.sbp, self.mesh_ndim, len(t.shape), what=f"tensor {name!r} ({h.describe()})")
@@ -139,6 +165,12 @@ class Strategy:
                     )
                 table.setdefault(name, (nd, h))
         return store, use
+
+
+@lru_cache(maxsize=1024)
+def _glob(pattern: str) -> Callable[[str], object]:
+    """A compiled matcher for a glob (``fnmatch.fnmatchcase`` without its per-call overhead)."""
+    return re.compile(fnmatch.translate(pattern)).match
 
 
 def _fits(shape, nd: NdSbp, placement: Placement) -> bool:

@@ -2,8 +2,10 @@
 
 A "unit" is a module path cut after its first numeric component: ``blocks.3.attn.q`` belongs to
 unit ``blocks.3``. Units of one prefix whose ops have the same sequence of op types are the same
-layer; the first and last ``keep`` stay expanded and each run of at least two identical units in
-between becomes one summary node.
+layer. Consecutive identical units form a run; each run is drawn as the unit it repeats (its first
+``keep`` units, or an identical unit already drawn) and one summary node for the rest, so a change
+in one layer (``blocks.0`` taking another signature) splits the runs around it instead of stopping
+every layer from collapsing. The last ``keep`` units of a prefix stay expanded, to show the exit.
 """
 
 from __future__ import annotations
@@ -61,18 +63,31 @@ def find_repeats(op_units: Iterable[tuple[tuple[str, int] | None, str]], keep: i
     groups: list[RepeatGroup] = []
     for prefix, by_index in sigs.items():
         idx = sorted(by_index)
-        ref = by_index[idx[0]]
-        middle = idx[keep:len(idx) - keep]
-        run: list[int] = []
-        for i in middle + [None]:
-            same = i is not None and by_index[i] == ref and (not run or i == run[-1] + 1)
-            if same:
-                run.append(i)
-                continue
-            if len(run) >= 2:
-                groups.append(RepeatGroup(prefix, run[0], run[-1], idx[0], len(ref)))
-            run = [i] if i is not None and by_index[i] == ref else []
+        seq = {i: tuple(by_index[i]) for i in idx}
+        tail = set(idx[-keep:])  # the exit of the stack stays drawn
+        drawn: dict[tuple[str, ...], int] = {}  # op types -> an expanded unit with them
+        for run in _runs(idx, seq):
+            ops = seq[run[0]]
+            if ops in drawn:  # an identical unit is already drawn: the whole run can refer to it
+                like, rest = drawn[ops], run
+            else:
+                like, rest = run[0], run[keep:]
+                drawn[ops] = like
+            rest = [i for i in rest if i not in tail]
+            if len(rest) >= 2:
+                groups.append(RepeatGroup(prefix, rest[0], rest[-1], like, len(ops)))
     return groups
+
+
+def _runs(idx: list[int], seq: dict[int, tuple[str, ...]]) -> list[list[int]]:
+    """Maximal runs of consecutive indices with the same op types."""
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][-1] + 1 and seq[i] == seq[runs[-1][-1]]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def collapsed_units(groups: Sequence[RepeatGroup]) -> dict[tuple[str, int], RepeatGroup]:

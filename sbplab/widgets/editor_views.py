@@ -11,9 +11,9 @@ from ..compiler.api import Compiled
 from ..compiler.autodiff import add_backward
 from ..compiler.fx_frontend import from_torch
 from ..compiler.ir import PHASES, Graph, GraphError
+from ..compiler.ranking import options
 from ..viz.graph_dot import logical_dot
 from ..viz.physical_dot import physical_dot
-from .chosen import options
 from .strategy_form import module_unit
 from .zoo import BuiltModel
 

@@ -1,10 +1,15 @@
 """StrategyEditor: a preset on a mesh, signatures chosen per op, stages per module; live results.
 
+A signature chosen for an op becomes a signature hint of the strategy (``Strategy.signature``), so
+the compiler's own deduction obeys it and explains it.
+
 After every change the editor deduces SBPs, lowers to the physical graph and counts memory, then
 shows the physical (or deduced logical) graph, the memory per device and the communication, all
 from the one ``Compiled`` it keeps as ``editor.compiled`` (what ``sl.compile`` would give for the
 same strategy). Tracing and autodiff run only when the model, micro-batches or optimizer change;
-an SBP change costs one deduction and one lowering. Bad choices become the ``error`` trait.
+an SBP change costs one deduction and one lowering. The graph picture (graphviz, the slowest
+part) is drawn last, after the summary, tables and op list have been sent to the page. Bad
+choices become the ``error`` trait.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from ..compiler.memory import memory_report
 from ..viz.charts import comm_rows, comm_table
 from . import strategy_form as form
 from ._assets import asset_path
-from .chosen import ChoiceError, deduce_with_choices
 from .editor_views import candidate_rows, graph_dot, memory_rows, module_stages, op_rows, training_graph
 from .messages import error_text, graph_view
 from .model_builder import ModelBuilder
@@ -103,6 +107,8 @@ class StrategyEditor(anywidget.AnyWidget):
         self.model: BuiltModel | None = None
         self.compiled: Compiled | None = None
         self.dot = ""  # DOT text of the graph shown
+        self._text_of: Callable[[], str] = str  # the graph shown as text, for when it is not drawn
+        self._picture_due = False  # the DOT text changed and its picture is not drawn yet
         self._train: dict[tuple, Graph] = {}  # (micro-batches, optimizer) -> training graph of self.model
         self._busy = True
         if isinstance(model, ModelBuilder):
@@ -191,26 +197,31 @@ class StrategyEditor(anywidget.AnyWidget):
         if not self._busy:
             self._guard(self._draw_graph)
 
-    def _guard(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` with notifications batched; an exception becomes the error message."""
+    def _guard(self, fn: Callable[[], None], keep_error: bool = False) -> None:
+        """Run ``fn`` with notifications batched (sent together when it ends); an exception becomes the
+        error message (added to the one shown with ``keep_error``)."""
         self._busy = True
         try:
             with self.hold_sync(), self.hold_trait_notifications():
+                before = self.error if keep_error else ""
                 try:
-                    self.error = ""
+                    self.error = before
                     fn()
                 except Exception as e:  # shown inline, never raised out of an observer
-                    self.error = error_text(e)
+                    self.error = "; ".join(x for x in (before, error_text(e)) if x)
         finally:
             self._busy = False
 
     # --- the full recompute ---------------------------------------------------------------------------------
     def _recompute(self, cause: str = "") -> None:
         self._guard(lambda: self._derive(cause))
+        if self._picture_due:  # a second message: the page shows the numbers while graphviz draws
+            self._guard(lambda: self._picture(timed=True), keep_error=True)
 
     def _derive(self, cause: str) -> None:
         self.note = ""
-        self.compiled = None
+        self.compiled, self._text_of = None, str  # the old step is freed before the new one is built
+        self._picture_due = False
         ms: dict[str, float] = {}
         notes: list[str] = []
         t0 = time.perf_counter()
@@ -235,11 +246,13 @@ class StrategyEditor(anywidget.AnyWidget):
             self.selected_op = ""  # the op went away with the old model
         self._tables()
         t5 = time.perf_counter()
-        problems = self._views(self._draw_graph)
+        problems = self._views(self._graph_source)
         t6 = time.perf_counter()
         problems += self._views(self._op_rows, self._detail)
         t7 = time.perf_counter()
-        ms.update(tables=(t5 - t4) * 1e3, graph=(t6 - t5) * 1e3, ops=(t7 - t6) * 1e3, total=(t7 - t0) * 1e3)
+        # "shown": until everything but the graph picture is on the page; "total" adds the picture
+        ms.update(tables=(t5 - t4) * 1e3, graph=(t6 - t5) * 1e3, ops=(t7 - t6) * 1e3, shown=(t7 - t0) * 1e3,
+                  total=(t7 - t0) * 1e3)
         self.timings_ms = {k: round(v, 2) for k, v in ms.items()}
         self.version += 1  # the step compiled: a view setting that does not fit it is only a message
         self.error = "; ".join(problems)
@@ -255,24 +268,12 @@ class StrategyEditor(anywidget.AnyWidget):
         return out
 
     def _deduce(self, train: Graph, st: Any, cause: str, notes: list[str]):
-        """Deduce on a copy of the training graph (deduction places its ops: each Compiled keeps its own).
-
-        Choices made before the model or the settings changed are dropped, with a note, once they no
-        longer fit; a choice just made that does not fit is an error.
-        """
-        gone = [op for op in self.choices if op not in train.op_by_name]
-        if gone and cause != "choices":
-            notes.append(f"dropped the signatures chosen for {', '.join(gone)}: the model has no such ops now")
-            self.set_trait("choices", {k: v for k, v in self.choices.items() if k not in gone})
-        while True:
-            g = train.copy()
-            try:
-                return g, deduce_with_choices(g, st, self.choices)
-            except ChoiceError as e:
-                if cause == "choices" or e.op not in self.choices:
-                    raise
-                notes.append(f"dropped the signature chosen for {e.op}: it is not valid under the new settings")
-                self.set_trait("choices", {k: v for k, v in self.choices.items() if k != e.op})
+        """Deduce with the chosen signatures; choices that stopped fitting are dropped, with a note."""
+        g, d, kept, dropped = form.deduce_with_choices(train, st, self.choices, strict=cause == "choices")
+        if kept != self.choices:
+            self.set_trait("choices", kept)
+        notes += dropped
+        return g, d
 
     def _clear(self) -> None:
         self.compiled = None
@@ -319,11 +320,31 @@ class StrategyEditor(anywidget.AnyWidget):
         self.modules = module_stages(c)
 
     def _draw_graph(self) -> None:
+        self._graph_source()
+        if self._picture_due:
+            self._picture()
+
+    def _graph_source(self) -> None:
+        """The DOT text of the graph asked for (quick); ``_picture`` draws it."""
+        self._picture_due = False
         if self.compiled is None:
             return
-        self.dot, text = graph_dot(self.compiled, self.graph_kind, self.graph_phases, self.graph_ranks, self.collapse)
+        self.dot, self._text_of = graph_dot(self.compiled, self.graph_kind, self.graph_phases, self.graph_ranks,
+                                            self.collapse)
+        self._picture_due = True
+
+    def _picture(self, timed: bool = False) -> None:
+        """The SVG of ``self.dot`` (or its text form where graphviz cannot draw it); ``timed``: the last
+        step of a recompute, whose timings it completes."""
+        self._picture_due = False
+        t0 = time.perf_counter()
         self.graph_svg, self.graph_note = graph_view(self.dot)
-        self.graph_text = text() if not self.graph_svg else ""
+        self.graph_text = self._text_of() if not self.graph_svg else ""
+        ms = dict(self.timings_ms)
+        if timed and "shown" in ms:
+            svg = (time.perf_counter() - t0) * 1e3
+            ms.update(svg=round(svg, 2), total=round(ms["shown"] + svg, 2))
+            self.timings_ms = ms
 
     def _op_rows(self) -> None:
         if self.compiled is not None:

@@ -1,4 +1,5 @@
-"""What the StrategyEditor's inputs mean: a preset on a mesh, extra tensor hints, stages per module.
+"""What the StrategyEditor's inputs mean: a preset on a mesh, extra tensor hints, signatures chosen
+per op, stages per module.
 
 Everything becomes a plain ``sl.compiler.Strategy`` made by the compiler's own presets, so what the
 editor shows is what ``sl.compile(..., strategy=...)`` would do with the same choices.
@@ -10,8 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..compiler import presets
+from ..compiler.deduce import Deduction, deduce
 from ..compiler.ir import ROLES, Graph
 from ..compiler.optim import SGD, Adam
+from ..compiler.signature_hints import SignatureError, escape
 from ..compiler.strategy import Strategy
 from ..viz.repeat import unit_name, unit_of
 
@@ -27,6 +30,7 @@ PRESETS = {  # name -> what the menu says
 INNER = ("none", "dp", "tp", "zero", "dp_tp")  # what runs inside each pipeline stage
 OPTIMIZERS = ("sgd", "adam")
 HINT_ROLES = ("", *ROLES)  # "" = any role
+HAND = "chosen by hand"  # the reason signature hints made by clicking an op's signature carry
 
 
 def make_strategy(preset: str, mesh: tuple[int, ...], micro_batches: int = 1, stages: int = 2, inner: str = "none",
@@ -72,6 +76,45 @@ def add_hints(st: Strategy, hints: Sequence[Mapping[str, Any]]) -> None:
         if role is not None and role not in ROLES:
             raise ValueError(f"hint {i} ({pattern!r}): role {role!r} is not one of {', '.join(ROLES)}")
         st.hint(pattern, sbp, why=f"editor hint {i}", role=role, use=bool(h.get("use", False)))
+
+
+def add_choices(st: Strategy, choices: Mapping[str, str]) -> None:
+    """Signatures chosen per op (op name -> signature text) as the strategy's signature hints."""
+    for op, sig in choices.items():
+        try:
+            st.signature(escape(op), sig, why=HAND)
+        except (ValueError, TypeError) as e:  # unreadable text: still about this op, so it can be dropped
+            raise SignatureError(op, f"op {op!r}: {e}") from None
+
+
+def deduce_with_choices(train: Graph, st: Strategy, choices: Mapping[str, str], strict: bool
+                        ) -> tuple[Graph, Deduction, dict[str, str], list[str]]:
+    """Deduce on a copy of the training graph (deduction places its ops: each Compiled keeps its own),
+    with each chosen signature as a signature hint of ``st``.
+
+    ``strict`` (the choices are what just changed): a choice that does not fit is an error. Otherwise
+    choices made before the model or the settings changed are dropped once they no longer fit.
+    Returns the graph, its deduction, the choices kept and a note per drop.
+    """
+    kept, notes = dict(choices), []
+    gone = [op for op in kept if op not in train.op_by_name]
+    if gone and strict:
+        raise ValueError(f"signatures chosen for ops that are not in the graph: {', '.join(gone)}")
+    if gone:
+        notes.append(f"dropped the signatures chosen for {', '.join(gone)}: the model has no such ops now")
+        kept = {k: v for k, v in kept.items() if k not in gone}
+    own = list(st.signatures)
+    while True:
+        g = train.copy()
+        try:
+            st.signatures = list(own)
+            add_choices(st, kept)
+            return g, deduce(g, st), kept, notes
+        except SignatureError as e:
+            if strict or e.op not in kept:
+                raise
+            notes.append(f"dropped the signature chosen for {e.op}: it is not valid under the new settings")
+            del kept[e.op]
 
 
 def make_optimizer(kind: str, lr: float, momentum: float = 0.0):
