@@ -32,4 +32,5 @@ __all__ = [
     "Hint", "HintError", "LocalExecutor", "OpNode", "PhysNode", "PhysicalGraph", "Ref", "Strategy",
     "TensorNode", "UnsupportedModelError", "Value", "add_backward", "compile", "compile_graph", "deduce",
     "differentiate", "from_torch", "interpret", "lower", "models", "presets",
+    "Option", "SignatureError", "SignatureHint", "clear_caches", "options", "parse_signature",
 ]
