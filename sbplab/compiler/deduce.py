@@ -19,6 +19,7 @@ it to ``B`` (all-reduce) or, when the state is stored ``S(0)``, to ``S(0)`` (red
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 
 from ..boxing import BoxingPlan, plan_boxing
@@ -128,6 +129,10 @@ class Deduction:
     # --- queries ---------------------------------------------------------------------------------
     def explain(self, op_name: str) -> str:
         """Why ``op_name`` got its signature: inputs as found, the choice, the runners-up."""
+        if op_name not in self.graph.op_by_name:
+            close = difflib.get_close_matches(op_name, list(self.graph.op_by_name), n=5, cutoff=0.4)
+            raise KeyError(f"no op named {op_name!r} in this graph; close names: {close or 'none'} "
+                           f"(graph.ops lists all {len(self.graph.ops)})")
         op = self.graph.op_by_name[op_name]
         c = self.choices[op_name]
         lines = [f"{op.name} = {op.type}({', '.join(op.inputs)}) on {op.placement}, stage {op.stage}, {op.phase}"]
@@ -217,7 +222,9 @@ def _forced_choice(d: Deduction, op: OpNode, scored: Scored) -> tuple[NdSignatur
 
 def choose(d: Deduction, op: OpNode) -> None:
     """Give ``op`` its signature (the forced one, else the cheapest), box its inputs, record why."""
-    have = tuple(d.read_state(t, op.phase, op.stage)[0] for t in op.inputs)
+    states = [d.read_state(t, op.phase, op.stage) for t in op.inputs]
+    have = tuple(sbp for sbp, _ in states)
+    used = [t for t, (_, via) in zip(op.inputs, states) if via is not None]  # e.g. ZeRO's gathered params
     want_out = wanted_outputs(d, op)
     scored = rank_signatures(d, op, have, want_out)
     if op.name in d.forced:
@@ -226,7 +233,9 @@ def choose(d: Deduction, op: OpNode) -> None:
         cost, changes, _, sig = scored[0]
         rejected = [(s, c) for c, _, _, s in scored[1:4]]
         if changes == 0 and cost == 0:
-            reason = "keeps every input's SBP: no boxing"
+            reason = ("keeps every input's SBP: no boxing" if not used else
+                      f"keeps every input's SBP as read: no further boxing ({', '.join(used)} "
+                      f"arrive through use boxings, above)")
         elif cost == 0:
             reason = f"only local boxing ({changes} input(s) sliced or zero-filled, no bytes sent)"
         else:
