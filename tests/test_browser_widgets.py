@@ -1,4 +1,4 @@
-"""The real thing: JupyterLab in headless Chromium, the SbpPlayground clicked like a person would.
+"""The real thing: JupyterLab in headless Chromium, the widgets clicked like a person would.
 
 Starts a JupyterLab server on loopback, opens a notebook that shows the widget, runs it, clicks an
 SBP button and checks that the layout and the boxing plan in the page change accordingly (which
@@ -27,15 +27,26 @@ SCREENSHOT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "browser
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-NOTEBOOK = {
-    "cells": [{
-        "cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-        "source": ("from sbplab.widgets import SbpPlayground\n"
+
+
+def _notebook(source: str) -> dict:
+    return {
+        "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+
+
+NOTEBOOKS = {
+    "play.ipynb": ("from sbplab.widgets import SbpPlayground\n"
                    "w = SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp='S(0), B', target='B, B')\n"
                    "w"),
-    }],
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
+    "editor.ipynb": ("import sbplab as sl\n"
+                     "from sbplab.widgets import StrategyEditor\n"
+                     "m = sl.models.MLP(sl.models.MLPConfig())\n"
+                     "(x,), y = m.example_batch(8)\n"
+                     "e = StrategyEditor(m, (x,), y, m.loss_fn, preset='dp', mesh=(4,))\n"
+                     "e"),
 }
 
 
@@ -50,7 +61,8 @@ def jupyter_lab(tmp_path_factory):
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium")
     root = tmp_path_factory.mktemp("lab")
-    (root / "play.ipynb").write_text(json.dumps(NOTEBOOK))
+    for name, source in NOTEBOOKS.items():
+        (root / name).write_text(json.dumps(_notebook(source)))
     port = _free_port()
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
@@ -78,6 +90,21 @@ def jupyter_lab(tmp_path_factory):
     log.close()
 
 
+def _open_and_run(browser, lab_url: str, notebook: str):
+    """Open ``notebook`` in JupyterLab, wait for its kernel, run every cell; returns the page."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    workspace = notebook.replace(".", "-")  # a workspace of its own: no tabs restored from another test
+    page.goto(f"{lab_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={TOKEN}")
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           f" && window.jupyterapp.shell.currentWidget.context?.path === '{notebook}'"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+                           timeout=90_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    return page
+
+
 def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
     from playwright.sync_api import expect, sync_playwright
 
@@ -85,16 +112,9 @@ def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
     shot = SCREENSHOT_DIR / "sbp_playground.png"
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = None
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{jupyter_lab}/lab/tree/play.ipynb?token={TOKEN}")
-            page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-                                   timeout=90_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
+            page = _open_and_run(browser, jupyter_lab, "play.ipynb")
             steps = page.get_by_test_id("boxing-steps").locator("tr.boxing-step")
             expect(steps).to_have_count(1, timeout=90_000)  # (S(0), B) -> (B, B): one all-gather
             expect(steps.first).to_contain_text("all_gather")
@@ -114,9 +134,38 @@ def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
             page.get_by_test_id("boxing").scroll_into_view_if_needed()
             page.screenshot(path=str(shot), full_page=True)
         except Exception:
-            page.screenshot(path=str(SCREENSHOT_DIR / "failure.png"), full_page=True)
+            if page is not None:
+                page.screenshot(path=str(SCREENSHOT_DIR / "failure.png"), full_page=True)
             raise
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_strategy_editor_recomputes_when_the_preset_changes(jupyter_lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOT_DIR / "strategy_editor.png"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = None
+        try:
+            page = _open_and_run(browser, jupyter_lab, "editor.ipynb")
+            summary = page.get_by_test_id("summary")
+            expect(summary).to_contain_text("all_reduce", timeout=90_000)  # DP: gradient all-reduces
+            dp_text = summary.inner_text()
+            expect(page.get_by_test_id("memory-table")).not_to_be_empty()
+            page.get_by_test_id("preset-select").select_option("tp")
+            expect(summary).not_to_have_text(dp_text, timeout=60_000)
+            expect(summary).to_contain_text("forward", timeout=10_000)  # Megatron: all-reduce in forward
+            expect(page.get_by_test_id("error-message")).to_be_empty()
+            page.screenshot(path=str(shot), full_page=True)
+        except Exception:
+            if page is not None:
+                page.screenshot(path=str(SCREENSHOT_DIR / "failure-editor.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
