@@ -1,8 +1,9 @@
 """The real thing: JupyterLab in headless Chromium, the widgets clicked like a person would.
 
-Starts a JupyterLab server on loopback, opens a notebook that shows the widget, runs it, clicks an
-SBP button and checks that the layout and the boxing plan in the page change accordingly (which
-needs the kernel to recompute and send state back). A screenshot lands in artifacts/browser/.
+Starts a JupyterLab server on loopback and opens notebooks that show the widgets: in the
+SbpPlayground it clicks an SBP button and checks that the layout and the boxing plan change; in the
+StrategyEditor it picks another preset and checks that the summary is recomputed. Both need the
+kernel to recompute and send state back. Screenshots land in artifacts/browser/.
 """
 
 from __future__ import annotations
