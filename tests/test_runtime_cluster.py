@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from sbplab import B, Placement, S
+from sbplab import B, P, Placement, S
 from sbplab.layout import assemble, balanced_sizes, shard
-from sbplab.runtime import ActorPlan, Collective, Compute, LocalCluster, Recv, Send, Sink, State
+from sbplab.runtime import ActorPlan, Collective, Compute, LocalCluster, Recv, Ref, Send, Sink, State
 from sbplab.runtime.examples import data_parallel_linear, pipeline_mlp, reference_mlp_steps
 
 pytestmark = pytest.mark.multiprocess
@@ -189,7 +189,50 @@ def test_cluster_is_reused_and_shows_progress(cluster, capfd):
     a = cluster.run(plan, _batches(3, 8, 3, 2), steps=3, progress=True)
     b = cluster.run(plan, _batches(3, 8, 3, 2), steps=3, progress=False)
     assert cluster.pids == pids and a.losses == b.losses
-    assert "3/3" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "3/3" in err and f"loss={a.losses[-1]:.4g}" in err  # the bar shows the last step's loss
+
+
+def test_on_step_reports_every_step_in_order_with_its_loss(cluster):
+    """Micro-batched DP on 4 ranks: the loss of each step is assembled from the sinks of all ranks."""
+    torch.manual_seed(5)
+    w0 = torch.randn(6, 3)
+    batches = _batches(4, 16, 6, 3, seed=5)
+    plan = data_parallel_linear(4, w0, lr=0.1, batch=16, micro_batches=2)
+    calls = []
+    res = cluster.run(plan, batches, steps=4, progress=False, on_step=lambda *a: calls.append(a))
+    assert [c[:2] for c in calls] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert [c[2] for c in calls] == res.losses  # the very values of the result, step by step
+    assert res.losses == pytest.approx(reference_mlp_steps([w0], batches, 0.1, 4)[0], rel=1e-5)
+    # a plan without a "loss" sink still reports its steps
+    got = []
+    ranks = {r: [State("x", init=torch.ones(2)), Sink("o", inputs=("x",), key=f"y{r}", placement=Placement("cpu", [r]),
+                                                     sbp=(B,), scope="step")] for r in range(2)}
+    cluster.run(ActorPlan.build(2, ranks), steps=2, progress=False, on_step=lambda *a: got.append(a))
+    assert got == [(0, 2, None), (1, 2, None)]
+    with pytest.raises(TypeError, match="on_step must be a function"):
+        cluster.run(plan, batches, steps=1, progress=False, on_step="print")
+
+
+def test_on_step_is_called_while_the_run_goes_on(cluster, tmp_path):
+    """Step n of each rank waits at a gate for a file that only the callback of step n - 1 creates,
+    so the run can only finish if every step was reported while later steps were still to come."""
+    gate = str(tmp_path / "seen")
+    pl = Placement("cpu", [0, 1])
+    ranks = {r: [State("x", init=torch.zeros(1), update=Ref("inc")),  # x = the step number
+                 State("one", init=torch.ones(1)),
+                 Compute("g", op=K + "gate", inputs=("x",), attrs={"path": gate, "timeout": 20.0}, scope="step"),
+                 Compute("inc", op=K + "sgd", inputs=("g", "one"), attrs={"lr": -1.0}, scope="step"),
+                 Sink("loss", inputs=("g",), key="loss", placement=pl, sbp=(P,), scope="step")] for r in (0, 1)}
+    calls = []
+
+    def on_step(step, steps, loss):
+        calls.append((step, steps, loss))
+        (tmp_path / f"seen.{step + 1}").touch()
+
+    res = cluster.run(ActorPlan.build(2, ranks, name="gated"), steps=4, timeout=60.0, progress=False,
+                      on_step=on_step)
+    assert calls == [(s, 4, 2.0 * s) for s in range(4)] and res.losses == [0.0, 2.0, 4.0, 6.0]
 
 
 def test_second_cluster_in_the_same_process_and_close_leaves_nothing(cluster):

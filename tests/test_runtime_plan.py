@@ -125,6 +125,45 @@ def test_state_takes_its_update_one_step_later_and_absorbs_the_last():
     assert g.can_fire(0)
 
 
+def _can_fire_by_the_definition(g: FiringGraph, i: int) -> bool:
+    """The rule as the module docstring states it, through in_number / register_number."""
+    node = g.nodes[i]
+    k = node.started
+    if k >= node.total:
+        return False
+    for p, _, mode in node.inputs:
+        o = g.in_number(mode, k)
+        if o is not None and g.nodes[p].produced <= o:
+            return False
+    o = g.register_number(node, k)
+    return o is None or o < node.released + node.actor.registers
+
+
+@settings(max_examples=30, deadline=None)
+@given(micro=st.integers(1, 4), steps=st.integers(1, 3), regs=st.lists(st.integers(1, 3), min_size=5, max_size=5),
+       seed=st.integers(0, 10_000))
+def test_can_fire_agrees_with_the_rule_under_random_firing_orders(micro, steps, regs, seed):
+    """State -> micro compute -> Accumulate -> step compute updating the State, fired at random."""
+    acts = [State("w", init=torch.zeros(1), update=Ref("u"), registers=regs[0]),
+            Compute("f", op=K + "noop", inputs=("w",), registers=regs[1]),
+            Compute("h", op=K + "noop", inputs=("f", "w"), registers=regs[2]),
+            Accumulate("a", inputs=("h",), registers=regs[3]),
+            Compute("u", op=K + "noop", inputs=("a", "w"), scope="step", registers=regs[4])]
+    g = FiringGraph(acts, micro=micro, steps=steps)
+    rng = random.Random(seed)
+    running: list[tuple[int, int]] = []
+    while not g.finished():
+        fire = [i for i in range(len(acts)) if g.can_fire(i)]
+        assert fire == [i for i in range(len(acts)) if _can_fire_by_the_definition(g, i)]
+        if fire and (not running or rng.random() < 0.5):
+            i = rng.choice(fire)
+            running.append((i, g.start(i)))
+        else:
+            assert running, "nothing can fire and nothing runs: the rule deadlocked a valid chain"
+            g.finish(*running.pop(rng.randrange(len(running))))
+    assert all(n.done_upto == n.total for n in g.nodes)
+
+
 # --- the communication order ------------------------------------------------------------------------
 def test_dp_plan_orders_its_one_all_reduce_on_every_rank():
     plan = data_parallel_linear(3, torch.randn(4, 2), lr=0.1, batch=6, micro_batches=2)

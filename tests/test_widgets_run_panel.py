@@ -27,9 +27,18 @@ def _reference(editor: StrategyEditor, steps: int):
     return torch_steps(m.module, m.inputs, m.target, m.loss_fn, editor.optimizer_def(), steps)
 
 
+def _watch_running(p: RunPanel) -> list[tuple[float, int, list]]:
+    """(progress, steps done, losses so far) at every progress change while the panel says "running"."""
+    seen: list[tuple[float, int, list]] = []
+    p.observe(lambda ch: seen.append((ch["new"], p.steps_done, list(p.run_losses))) if p.status == "running" else None,
+              names=["progress"])
+    return seen
+
+
 def test_in_process_run_shows_losses_side_by_side(editor):
     p = RunPanel(editor, steps=3, backend="in-process")
     assert p.strategy_name == "data parallel x2" and p.ranks == 2 and p.status == "idle"
+    seen = _watch_running(p)
     p.run()
     assert p.error == "" and p.status == "done" and p.progress == 1.0
     c, m = editor.compiled, editor.model
@@ -38,6 +47,10 @@ def test_in_process_run_shows_losses_side_by_side(editor):
     run_losses = [ex.step(feeds) for _ in range(3)]
     ref_losses, _ = _reference(editor, 3)
     assert [r["run"] for r in p.loss_rows] == run_losses
+    # the bar moved once per step, each time with that step's loss already shown
+    assert seen == [(0.3, 0, [])] + [(pytest.approx(0.3 + 0.55 * (s + 1) / 3), s + 1, run_losses[:s + 1])
+                                     for s in range(3)]
+    assert p.steps_done == 3 and p.run_losses == run_losses
     assert [r["torch"] for r in p.loss_rows] == ref_losses
     assert p.loss_diff == max(abs(a - b) for a, b in zip(run_losses, ref_losses)) <= p.tol
     assert p.passed and p.param_diff <= p.tol and p.worst_param in dict(m.module.named_parameters())
@@ -107,9 +120,15 @@ def test_page_state_and_testids():
 @pytest.mark.multiprocess
 def test_workers_run_then_timeline_and_check(editor):
     p = RunPanel(editor, steps=2)
+    seen = _watch_running(p)
     try:
         p.run()
         assert p.error == "" and p.status == "done" and p.passed
+        # progress moved per step as the workers reported them, with the run's own losses
+        losses = p.result.losses
+        assert seen == [(0.3, 0, [])] + [(pytest.approx(0.3 + 0.55 * (s + 1) / 2), s + 1, losses[:s + 1])
+                                         for s in range(2)]
+        assert p.run_losses == losses and p.steps_done == 2
         ref_losses, ref_params = _reference(editor, 2)
         assert [r["torch"] for r in p.loss_rows] == ref_losses
         assert p.result.losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)

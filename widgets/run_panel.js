@@ -3,7 +3,8 @@
 // Elements carry stable data-testid attributes for a browser test.
 
 const DERIVED = [
-  "steps", "backend", "backends", "strategy_name", "ranks", "stale", "status", "progress", "stage_ms", "loss_rows",
+  "steps", "backend", "backends", "strategy_name", "ranks", "stale", "status", "progress", "steps_done",
+  "run_losses", "stage_ms", "loss_rows",
   "loss_diff", "param_diff", "worst_param", "passed", "timeline_svg", "makespan_us", "firings", "wall_s", "note",
   "error", "tol",
 ];
@@ -61,7 +62,13 @@ function render({ model, el }) {
     bar.value = model.get("progress");
     const ms = model.get("stage_ms") || {};
     const took = Object.entries(ms).map(([k, v]) => `${k} ${v.toFixed(0)} ms`).join(", ");
-    status.textContent = st + (took ? ` (${took})` : "");
+    let live = "";  // while running: how many steps are done and the latest loss
+    if (st === "running" && model.get("steps_done") > 0) {
+      const last = (model.get("run_losses") || []).at(-1);
+      live = `: step ${model.get("steps_done")}/${model.get("steps")}`;
+      if (last != null) live += `, loss ${last.toFixed(6)}`;
+    }
+    status.textContent = st + live + (took ? ` (${took})` : "");
     error.textContent = model.get("error");
     error.hidden = !model.get("error");
     note.textContent = model.get("note");

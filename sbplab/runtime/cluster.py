@@ -26,6 +26,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Listener
 
 from .driver import Driver, RunOptions, accept_forever
@@ -131,7 +132,8 @@ class LocalCluster:
         return [p.pid for p in self._procs if p.pid is not None]
 
     def run(self, plan: ActorPlan, batches: Batches | None = None, steps: int = 1, *, timeout: float = 10.0,
-            progress: bool | None = None, params: bool = True, trace: bool = True) -> RunResult:
+            progress: bool | None = None, params: bool = True, trace: bool = True,
+            on_step: Callable[[int, int, float | None], None] | None = None) -> RunResult:
         """Run ``steps`` training steps of ``plan`` and return losses, final parameters and a trace.
 
         plan: an ActorPlan, or a compiled training step (``sl.compile(...)``), lowered here.
@@ -139,6 +141,11 @@ class LocalCluster:
             the step); sources cut their shards from it.
         timeout: seconds without any rank finishing a firing before the run counts as hung.
         progress: a bar over steps (default: on when stderr is a terminal or in a notebook).
+        on_step: ``on_step(step, steps, loss)`` is called here, in the driver, as each step finishes on
+            every rank: once per step, in order, ``loss`` being that step's global loss (the value
+            ``result.losses[step]`` will have), or None if the plan has no "loss" sink. The workers
+            then send one small message per step. An exception raised by ``on_step`` ends ``run``
+            with it (workers still busy with later steps are torn down, like after Ctrl-C).
         """
         if self.closed:
             raise RuntimeError("this LocalCluster is closed; create a new one")
@@ -169,7 +176,10 @@ class LocalCluster:
                              f"{self.device_type}")
         if progress is None:
             progress = _interactive()
-        opts = RunOptions(steps=steps, timeout=timeout, progress=progress, params=params, trace=trace)
+        if on_step is not None and not callable(on_step):
+            raise TypeError(f"on_step must be a function (step, steps, loss), got {type(on_step).__name__}")
+        opts = RunOptions(steps=steps, timeout=timeout, progress=progress, params=params, trace=trace,
+                          on_step=on_step)
         try:
             return self.driver.run(plan, batches, opts)  # type: ignore[union-attr]
         except BaseException:

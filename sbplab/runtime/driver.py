@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener, wait
@@ -19,7 +20,7 @@ from .executor import RunSpec
 from .faults import RunError, describe_failure
 from .plan import ActorPlan
 from .progress import step_bar
-from .results import Batches, RunResult, assemble_results, cut_feeds
+from .results import Batches, RunResult, assemble_results, cut_feeds, loss_value, step_loss
 from .trace import build_trace
 from .wire import recv, send
 
@@ -31,6 +32,7 @@ class RunOptions:
     progress: bool = False
     params: bool = True
     trace: bool = True
+    on_step: Callable[[int, int, float | None], None] | None = None
 
 
 class Driver:
@@ -142,10 +144,11 @@ class Driver:
         self.run_id += 1
         self.plan = plan
         groups, pairs = plan.groups(), plan.pairs()
+        report = opts.progress or opts.on_step is not None
         t_start = time.perf_counter_ns()
         for r, conn in self.conns.items():
             spec = RunSpec(self.run_id, plan.ranks[r], plan.micro_batches, plan.rank_order(r), steps,
-                           feeds[r], groups, pairs, opts.timeout, opts.params, opts.trace, plan.imports)
+                           feeds[r], groups, pairs, opts.timeout, opts.params, opts.trace, plan.imports, report)
             send(conn, ("run", spec))
         bar = step_bar(steps, opts.progress, desc=plan.name)
         results: dict[int, dict] = {}
@@ -153,53 +156,72 @@ class Driver:
         last_progress = {r: now for r in self.conns}
         last_beat = {r: now for r in self.conns}
         steps_seen = {r: 0 for r in self.conns}
+        step_values: dict[int, dict[int, dict]] = {}  # step -> rank -> that rank's loss sink values
         shown = 0
+
+        def show(upto: int, losses: list[float] | None = None) -> None:
+            """Steps shown..upto-1 finished on every rank: the bar moves and on_step hears of each."""
+            nonlocal shown
+            while shown < upto:
+                s = shown
+                if losses is not None:  # the run is over: its own losses (same values)
+                    loss = losses[s] if s < len(losses) else None
+                else:
+                    loss = step_loss(plan, step_values.pop(s, {}))
+                shown += 1
+                if loss is not None:
+                    bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+                bar.update(1)
+                if opts.on_step is not None:
+                    opts.on_step(s, steps, loss)
+
         by_conn = {c: r for r, c in self.conns.items()}
         by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
         try:
-            while len(results) < self.n:
-                for obj in wait(list(by_conn) + list(by_sentinel), timeout=0.1):
-                    if obj in by_sentinel:
-                        self._died(by_sentinel[obj], plan)
-                    r = by_conn[obj]
-                    try:
-                        msg = recv(obj)
-                    except (EOFError, OSError):
-                        self._died(r, plan)
+            try:
+                while len(results) < self.n:
+                    for obj in wait(list(by_conn) + list(by_sentinel), timeout=0.1):
+                        if obj in by_sentinel:
+                            self._died(by_sentinel[obj], plan)
+                        r = by_conn[obj]
+                        try:
+                            msg = recv(obj)
+                        except (EOFError, OSError):
+                            self._died(r, plan)
+                        now = time.monotonic()
+                        last_beat[r] = now
+                        if msg[0] == "beat" and msg[1] == self.run_id:
+                            last_progress[r] = now - msg[4]
+                        elif msg[0] == "step" and msg[1] == self.run_id:
+                            steps_seen[r] = max(steps_seen[r], msg[3] + 1)
+                            step_values.setdefault(msg[3], {})[r] = msg[4]
+                        elif msg[0] == "done" and msg[1] == self.run_id:
+                            results[r] = msg[3]
+                            steps_seen[r] = steps
+                        elif msg[0] == "error" and msg[1] == self.run_id:
+                            self.healthy = False
+                            raise describe_failure(msg[2])
+                    if report:
+                        show(min(steps_seen.values()))
                     now = time.monotonic()
-                    last_beat[r] = now
-                    if msg[0] == "beat" and msg[1] == self.run_id:
-                        steps_seen[r] = msg[3]
-                        last_progress[r] = now - msg[4]
-                    elif msg[0] == "done" and msg[1] == self.run_id:
-                        results[r] = msg[3]
-                        steps_seen[r] = steps
-                    elif msg[0] == "error" and msg[1] == self.run_id:
-                        self.healthy = False
-                        raise describe_failure(msg[2])
-                low = min(steps_seen.values())
-                if low > shown:
-                    bar.update(low - shown)
-                    shown = low
-                now = time.monotonic()
-                active = [r for r in self.conns if r not in results]
-                if active and now - max(last_progress[r] for r in active) > opts.timeout:
-                    self._hang(plan, opts.timeout, f"no rank finished a firing for {opts.timeout:.1f} s")
-                silent = [r for r in active if now - last_beat[r] > opts.timeout + 5]
-                if silent:
-                    self._hang(plan, opts.timeout,
-                               f"rank {silent[0]} stopped answering for {opts.timeout + 5:.0f} s")
-        except BaseException:
-            self.healthy = False
-            raise
+                    active = [r for r in self.conns if r not in results]
+                    if active and now - max(last_progress[r] for r in active) > opts.timeout:
+                        self._hang(plan, opts.timeout, f"no rank finished a firing for {opts.timeout:.1f} s")
+                    silent = [r for r in active if now - last_beat[r] > opts.timeout + 5]
+                    if silent:
+                        self._hang(plan, opts.timeout,
+                                   f"rank {silent[0]} stopped answering for {opts.timeout + 5:.0f} s")
+            except BaseException:
+                self.healthy = False
+                raise
+            wall = (time.perf_counter_ns() - t_start) / 1e9
+            outputs, params = assemble_results(plan, steps, results)
+            losses = [loss_value(v) for v in outputs.get("loss", [])]
+            show(steps, losses)  # every step is reported once, even if a report went missing
         finally:
             bar.close()
-        wall = (time.perf_counter_ns() - t_start) / 1e9
-        outputs, params = assemble_results(plan, steps, results)
         trace = build_trace(plan, steps, {r: res["trace"] for r, res in results.items()}, offsets, t_start) \
             if opts.trace else None
-        losses = [float(v.reshape(-1)[0]) if v.numel() == 1 else float("nan")
-                  for v in outputs.get("loss", [])]
         res = RunResult(losses, outputs, params, steps=steps, wall_s=wall)
         if trace is not None:
             res.trace = trace

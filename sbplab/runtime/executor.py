@@ -1,18 +1,20 @@
 """One rank's run: fire actors by the firing rule, comm in the plan's order, and record every firing.
 
 The scheduler thread is the compute lane: it runs ready compute firings inline (oldest step and
-micro-batch first), hands communication to the comm lane strictly in this rank's ``comm_order``,
-and applies completions. Outputs live in registers until every consumer has acked them.
+micro-batch first), posts communication on the comm lane strictly in this rank's ``comm_order``,
+and applies completions, which it collects itself (see ``lanes.CommLane``): when it has nothing
+to compute it waits on the oldest communication in flight, so a message that arrives wakes the
+thread that needs it and no other. Outputs live in registers until every consumer has acked them.
 """
 
 from __future__ import annotations
 
 import heapq
 import importlib
-import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +22,8 @@ import torch
 
 from .actors import make_behaviour
 from .comm import Comm
-from .firing import FiringGraph
-from .lanes import CommLane, Streams
+from .firing import MODES, PER_STEP, SAME, FiringGraph
+from .lanes import CommFailure, CommLane, Streams
 from .plan import RankPlan
 from .specs import Accumulate, Collective, Recv, Sink, State
 
@@ -44,6 +46,7 @@ class RunSpec:
     want_params: bool = True
     trace: bool = True
     imports: tuple[str, ...] = ()
+    report_steps: bool = False  # tell the driver as each step finishes (progress bars, on_step)
 
 
 class ActorFailure(Exception):
@@ -54,9 +57,17 @@ class ActorFailure(Exception):
         self.info = {"rank": rank, "actor": actor, "op": op, "firing": k, "traceback": tb}
 
 
+StepReport = Callable[[int, dict[str, list[torch.Tensor]]], None]
+
+
 class Executor:
-    def __init__(self, spec: RunSpec, rank: int, comm: Comm, device: torch.device, activity=None) -> None:
+    """``on_step(step, loss_values)`` is called on this thread as each step finishes on this rank, with
+    the values of the step's "loss" sinks (sink name -> one tensor per firing of the step)."""
+
+    def __init__(self, spec: RunSpec, rank: int, comm: Comm, device: torch.device, activity=None,
+                 on_step: StepReport | None = None) -> None:
         self.spec, self.rank, self.comm, self.device = spec, rank, comm, device
+        self.on_step = on_step
         self.activity = activity  # shared ints the driver reads if this process dies
         rp = spec.rank_plan
         for mod in spec.imports:
@@ -65,6 +76,8 @@ class Executor:
         self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds)
                            for a in rp.actors]
         self.order = [(self.graph.names[n], m) for n, m in spec.order]
+        # per actor, the registers it reads: (producer, output index, mode code)
+        self.reads = [[(p, j, MODES[mode]) for p, j, mode in n.inputs] for n in self.graph.nodes]
         self.outs: list[dict[int, tuple]] = [dict() for _ in rp.actors]
         self.events: list[dict[int, Any]] = [dict() for _ in rp.actors]  # CUDA events per output
         self.pruned = [0] * len(rp.actors)
@@ -73,11 +86,16 @@ class Executor:
         self.compute_inflight: tuple[int, int, int] | None = None  # (node, k, t0_ns)
         self.last_progress = time.perf_counter_ns()
         self.thread_id = threading.get_ident()
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.streams = Streams(device)
-        self.lane = CommLane(comm, self.streams, self.inbox, spec.micro_batches)
+        self.lane = CommLane(comm, self.streams, spec.micro_batches)
         self.stopped = False
         self.inplace = [self._may_overwrite_input(i) for i in range(len(rp.actors))]
+        # steps finished: node i has finished node_steps[i] steps; step_nodes[s] nodes have finished step s
+        self.node_steps = [0] * len(rp.actors)
+        self.step_nodes = [0] * (spec.steps + 1)
+        self.steps_reported = 0
+        self.loss_sinks = [(a.name, b) for a, b in zip(rp.actors, self.behaviours)
+                           if isinstance(a, Sink) and a.key == "loss"]
 
     def _may_overwrite_input(self, i: int) -> bool:
         """An all-reduce may work in place on a register only it reads, made fresh by its producer.
@@ -94,14 +112,22 @@ class Executor:
 
     # --- registers --------------------------------------------------------------------------------
     def _inputs(self, i: int, k: int) -> tuple[list[torch.Tensor], list]:
+        """The tensors firing k reads (``FiringGraph.in_number``, inlined), and (CUDA) their producers'
+        events."""
         xs, evs = [], []
-        g = self.graph
-        for p, j, mode in g.nodes[i].inputs:
-            o = g.in_number(mode, k)
-            if o is None:
+        outs, cuda, micro = self.outs, self.streams.cuda, self.graph.micro
+        for p, j, mode in self.reads[i]:
+            if mode == SAME:
+                o = k
+            elif mode == PER_STEP:
+                o = k // micro
+            elif k >= 1:
+                o = k - 1
+            else:
                 continue
-            xs.append(self.outs[p][o][j])
-            evs.append(self.events[p].get(o))
+            xs.append(outs[p][o][j])
+            if cuda:
+                evs.append(self.events[p].get(o))
         return xs, evs
 
     def _store(self, i: int, k: int, outs: tuple | None, ev: Any) -> list[int]:
@@ -114,37 +140,60 @@ class Executor:
             if ev is not None:
                 self.events[i][o] = ev
         touched = g.finish(i, k)
+        node = g.nodes[i]
+        s = node.done_upto // g.micro if node.actor.scope == "micro" else min(node.done_upto, g.steps)
+        if s > self.node_steps[i]:
+            for t in range(self.node_steps[i], s):
+                self.step_nodes[t] += 1
+            self.node_steps[i] = s
+            self._report_steps()
+        pruned, nodes, cuda = self.pruned, g.nodes, self.streams.cuda
         for p in touched:
-            n = g.nodes[p]
-            while self.pruned[p] < n.released:
-                self.outs[p].pop(self.pruned[p], None)
-                self.events[p].pop(self.pruned[p], None)
-                self.pruned[p] += 1
+            released = nodes[p].released
+            while pruned[p] < released:
+                self.outs[p].pop(pruned[p], None)
+                if cuda:
+                    self.events[p].pop(pruned[p], None)
+                pruned[p] += 1
         self.last_progress = time.perf_counter_ns()
         return touched
+
+    def _report_steps(self) -> None:
+        n, steps = len(self.graph.nodes), self.spec.steps
+        while self.steps_reported < steps and self.step_nodes[self.steps_reported] == n:
+            s = self.steps_reported
+            self.steps_reported += 1
+            if self.on_step is not None:
+                per = self.graph.micro
+                self.on_step(s, {name: b.values[s * per:(s + 1) * per] if b.actor.scope == "micro"  # type: ignore
+                                 else b.values[s:s + 1] for name, b in self.loss_sinks})  # type: ignore
 
     # --- main loop ---------------------------------------------------------------------------------
     def run(self) -> dict:
         self.thread_id = threading.get_ident()
         self.streams.start_clock()
-        self.lane.start()
+        self._report_steps()  # a rank without actors is done with every step at once
         try:
             self._loop()
-        finally:
-            self.lane.shutdown()
+        except CommFailure as e:
+            a = self.graph.nodes[e.node].actor
+            raise ActorFailure(self.rank, a.name, a.label, e.k, e.tb) from e
         return self._results()
 
     def _loop(self) -> None:
-        g, spec = self.graph, self.spec
-        ready: list[tuple[int, int, int]] = []
+        g, spec, lane = self.graph, self.spec, self.lane
+        ready: list[tuple[int, int, int]] = []  # (step, micro, actor): oldest step and micro-batch first
         queued = set()
+        per_micro = [n.actor.lane != "comm" and n.actor.scope == "micro" for n in g.nodes]
+        per_step = [n.actor.lane != "comm" and n.actor.scope != "micro" for n in g.nodes]
+        M = g.micro
 
         def consider(i: int) -> None:
-            n = g.nodes[i]
-            if i not in queued and n.actor.lane != "comm" and g.can_fire(i):
-                k = n.started
-                heapq.heappush(ready, (g.step_of(n, k), g.micro_of(n, k), i))
-                queued.add(i)
+            if i in queued or not (per_micro[i] or per_step[i]) or not g.can_fire(i):
+                return
+            k = g.nodes[i].started
+            heapq.heappush(ready, (k // M, k % M, i) if per_micro[i] else (k, -1, i))
+            queued.add(i)
 
         for i in range(len(g.nodes)):
             consider(i)
@@ -161,39 +210,35 @@ class Executor:
                 x, evs = self._inputs(i, k)
                 if self.activity is not None:
                     self.activity[2], self.activity[3] = i + 1, k
-                self.lane.submit(i, k, n.actor, m, x[0] if x else None, evs[0] if evs else None,
-                                 self.inplace[i])
+                lane.post(i, k, n.actor, m, x[0] if x else None, evs[0] if evs else None, self.inplace[i])
                 cpos += 1
                 if cpos == len(self.order):
                     cpos, cstep = 0, cstep + 1
-            self._drain(consider, block=not ready)
-            if ready:
+            done = lane.ready()
+            if done:  # completions first: they may let more communication go out
+                for c in done:
+                    self._complete(c, consider)
+            elif ready:
                 _, _, i = heapq.heappop(ready)
                 queued.discard(i)
                 for t in self._fire_compute(i):
                     consider(t)
+            elif lane.busy:  # nothing to compute: wait where the next progress must come from
+                self._complete(lane.wait_oldest(), consider)
+            else:
+                stuck = [f"{n.actor.name!r} firing {n.started} waits for {g.waiting_for(n.index)}"
+                         for n in g.nodes if n.started == n.done_upto < n.total][:6]
+                raise RuntimeError(f"rank {self.rank} cannot go on: nothing to compute and no communication "
+                                   f"in flight; " + "; ".join(stuck))
 
-    def _drain(self, consider, block: bool) -> None:
-        try:
-            msg = self.inbox.get(timeout=0.05) if block else self.inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            if msg[0] == "error":
-                _, i, k, exc, tb = msg
-                a = self.graph.nodes[i].actor
-                raise ActorFailure(self.rank, a.name, a.label, k, tb) from exc
-            _, i, k, outs, ev, t0, t1, nbytes, timing = msg
-            if self.spec.trace:
-                self.trace.append((i, k, COMM, t0, t1, nbytes))
-                if timing is not None:
-                    self.cuda_timing.append((len(self.trace) - 1,) + timing)
-            for t in self._store(i, k, outs, ev):
-                consider(t)
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                return
+    def _complete(self, c: tuple, consider) -> None:
+        i, k, outs, ev, t0, t1, nbytes, timing = c
+        if self.spec.trace:
+            self.trace.append((i, k, COMM, t0, t1, nbytes))
+            if timing is not None:
+                self.cuda_timing.append((len(self.trace) - 1,) + timing)
+        for t in self._store(i, k, outs, ev):
+            consider(t)
 
     def _fire_compute(self, i: int) -> list[int]:
         g = self.graph
@@ -206,14 +251,10 @@ class Executor:
         self.compute_inflight = (i, k, t0)
         sev = ev = None
         try:
-            with self.streams.use(self.streams.compute):
-                self.streams.wait_for(self.streams.compute, evs)
-                if self.streams.cuda:  # inputs made on the comm stream: keep their memory until used here
-                    for x in xs:
-                        x.record_stream(self.streams.compute)
-                sev = self.streams.record(self.streams.compute)
+            if self.streams.cuda:
+                sev, outs, ev = self._fire_on_stream(b, k, xs, evs)  # type: ignore[arg-type]
+            else:
                 outs = b.fire(k, xs)  # type: ignore[union-attr]
-                ev = self.streams.record(self.streams.compute)
         except BaseException as e:  # noqa: BLE001
             a = g.nodes[i].actor
             raise ActorFailure(self.rank, a.name, a.label, k, traceback.format_exc()) from e
@@ -225,14 +266,22 @@ class Executor:
                 self.cuda_timing.append((len(self.trace) - 1, sev, ev))
         return self._store(i, k, outs, ev)
 
+    def _fire_on_stream(self, b: Any, k: int, xs: list[torch.Tensor], evs: list) -> tuple:
+        """CUDA: the kernel goes onto the compute stream after its inputs' events; (start, outputs, end)."""
+        st = self.streams
+        with st.use(st.compute):
+            st.wait_for(st.compute, evs)
+            for x in xs:  # inputs made on the comm stream: keep their memory until used here
+                x.record_stream(st.compute)
+            sev = st.record(st.compute)
+            outs = b.fire(k, xs)
+            ev = st.record(st.compute)
+        return sev, outs, ev
+
     # --- what goes back to the driver --------------------------------------------------------------
     def steps_done(self) -> int:
-        g = self.graph
-        done = g.steps
-        for n in g.nodes:
-            s = n.done_upto // g.micro if n.actor.scope == "micro" else min(n.done_upto, g.steps)
-            done = min(done, s)
-        return done
+        """Steps every actor of this rank has finished."""
+        return self.steps_reported
 
     def _results(self) -> dict:
         if self.streams.cuda:

@@ -39,6 +39,16 @@ class Node:
     produced: int = 0
     released: int = 0
     acks: dict[int, int] = field(default_factory=dict)  # output number -> acks so far
+    # the same facts, coded for ``can_fire`` (it runs several times per firing): (producer, mode code)
+    # with SAME, PER_STEP, LAG; and how firing k maps to its output register (REG_*), out of ``regs``
+    deps: list[tuple[Node, int]] = field(default_factory=list)
+    reg: int = 0
+    regs: int = 1
+
+
+SAME, PER_STEP, LAG = 0, 1, 2
+MODES = {"same": SAME, "per_step": PER_STEP, "lag": LAG}
+REG_NONE, REG_FIRING, REG_STEP, REG_STATE = 0, 1, 2, 3  # no output; register k; k // micro; k below steps
 
 
 class FiringGraph:
@@ -69,18 +79,25 @@ class FiringGraph:
                 prod = self.nodes[p]
                 prod.consumers.append(node.index)
                 prod.needed_acks += micro if mode == "per_step" else 1
+                node.deps.append((prod, MODES[mode]))
+            a = node.actor
+            node.regs = a.registers
+            node.reg = REG_NONE if node.n_out == 0 else REG_STEP if isinstance(a, Accumulate) else \
+                REG_STATE if isinstance(a, State) else REG_FIRING
+        self.unfinished = sum(1 for n in self.nodes if n.done_upto < n.total)  # kept by ``finish``
 
     # --- what firing k reads and writes ----------------------------------------------------------
     def out_number(self, node: Node, k: int) -> int | None:
-        """The output firing k produces, or None."""
-        if node.n_out == 0:
+        """The output firing k produces, or None: k itself, but an Accumulate emits once per step (on its
+        last micro-batch) and a State's extra last firing only absorbs the final update."""
+        reg = node.reg
+        if reg == REG_FIRING:
+            return k
+        if reg == REG_NONE:
             return None
-        a = node.actor
-        if isinstance(a, Accumulate):
+        if reg == REG_STEP:  # Accumulate
             return k // self.micro if k % self.micro == self.micro - 1 else None
-        if isinstance(a, State):
-            return k if k < self.steps else None
-        return k
+        return k if k < self.steps else None  # State
 
     def in_number(self, mode: str, k: int) -> int | None:
         if mode == "same":
@@ -99,16 +116,25 @@ class FiringGraph:
 
     # --- the rule -----------------------------------------------------------------------------------
     def can_fire(self, i: int) -> bool:
+        """The rule above for actor i's next firing (``in_number`` and ``register_number``, inlined)."""
         node = self.nodes[i]
         k = node.started
         if k >= node.total:
             return False
-        for p, _, mode in node.inputs:
-            o = self.in_number(mode, k)
-            if o is not None and self.nodes[p].produced <= o:
+        for prod, mode in node.deps:
+            if mode == SAME:
+                if prod.produced <= k:
+                    return False
+            elif mode == PER_STEP:
+                if prod.produced <= k // self.micro:
+                    return False
+            elif k >= 1 and prod.produced <= k - 1:  # LAG
                 return False
-        o = self.register_number(node, k)
-        return o is None or o < node.released + node.actor.registers
+        reg = node.reg
+        if reg == REG_NONE or (reg == REG_STATE and k >= self.steps):
+            return True
+        o = k // self.micro if reg == REG_STEP else k
+        return o < node.released + node.regs
 
     def waiting_for(self, i: int) -> str:
         """Why actor i cannot fire now (for deadlock and hang reports)."""
@@ -135,30 +161,38 @@ class FiringGraph:
         node = self.nodes[i]
         node.done_extra.add(k)
         touched: list[int] = [i]
+        micro = self.micro
         while node.done_upto in node.done_extra:
             kk = node.done_upto
             node.done_extra.discard(kk)
             node.done_upto += 1
+            if node.done_upto == node.total:
+                self.unfinished -= 1
             o = self.out_number(node, kk)
             if o is not None:
                 node.produced = o + 1
                 if node.needed_acks == 0:
                     node.released = node.produced
                 touched.extend(node.consumers)
-            for p, _, mode in node.inputs:
-                oi = self.in_number(mode, kk)
-                if oi is None:
+            for prod, mode in node.deps:  # ack what firing kk read (``in_number``, inlined)
+                if mode == SAME:
+                    oi = kk
+                elif mode == PER_STEP:
+                    oi = kk // micro
+                elif kk >= 1:
+                    oi = kk - 1
+                else:
                     continue
-                prod = self.nodes[p]
-                prod.acks[oi] = prod.acks.get(oi, 0) + 1
-                while prod.acks.get(prod.released, 0) >= prod.needed_acks and prod.released < prod.produced:
-                    del prod.acks[prod.released]
+                acks = prod.acks
+                acks[oi] = acks.get(oi, 0) + 1
+                while acks.get(prod.released, 0) >= prod.needed_acks and prod.released < prod.produced:
+                    del acks[prod.released]
                     prod.released += 1
-                    touched.append(p)
+                    touched.append(prod.index)
         return touched
 
     def finished(self) -> bool:
-        return all(n.done_upto >= n.total for n in self.nodes)
+        return self.unfinished == 0
 
     def micro_of(self, node: Node, k: int) -> int:
         """The micro-batch (within its step) of firing k; step-scope firings report -1."""

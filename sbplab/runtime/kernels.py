@@ -2,7 +2,8 @@
 
 Compiled plans use registry ops; these few exist so a plan can be written by hand to learn the
 runtime (a linear layer's forward, backward and SGD step, a loss) and to exercise it (an empty
-kernel for overhead, a delay for unequal stage costs, a failing kernel for fault handling).
+kernel for overhead, a delay for unequal stage costs, a failing kernel for fault handling, a gate
+that holds a run until the driver has done something).
 Every kernel is ``f(inputs: list[Tensor], attrs: dict) -> tuple[Tensor, ...]``.
 """
 
@@ -32,6 +33,22 @@ def fail(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
     if attrs.get("kill"):
         os.kill(os.getpid(), 9)
     raise RuntimeError(attrs.get("message", "kernel failed on purpose"))
+
+
+def gate(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Waits until the file ``{path}.{n}`` exists, ``n`` being the first input's first element, then
+    passes its inputs through. With a step counter as input, step n of a run waits for the driver
+    to have seen step n - 1 (whoever creates the file); n below ``first`` (default 1) passes at once.
+    """
+    n = int(inputs[0].reshape(-1)[0])
+    if n >= attrs.get("first", 1):
+        target, limit = f"{attrs['path']}.{n}", attrs.get("timeout", 30.0)
+        deadline = time.monotonic() + limit
+        while not os.path.exists(target):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gate: {target} did not appear within {limit} s")
+            time.sleep(0.002)
+    return tuple(inputs)
 
 
 def matmul(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:

@@ -1,26 +1,31 @@
-"""Lanes: where firings run. The compute lane is the scheduler's own thread; the comm lane is made of
-the backend's threads and a small pool of waiters.
+"""Lanes: where firings run. The compute lane is the scheduler's own thread; the comm lane is the
+backend's own threads (Gloo's) or the comm stream (CUDA), driven from the scheduler's thread.
 
-On CPU, Gloo progresses posted operations on its own threads and the pool waits for them, so
-several transfers are in flight while the compute lane keeps computing.
+On CPU, Gloo progresses posted operations on its own threads, so several transfers are in flight
+while the compute lane keeps computing. Nothing in Python waits for them on another thread:
+every extra thread a message crosses costs a wake-up (and, on a busy machine, a scheduler time
+slice), and a Python callback on Gloo's thread would make the next collective wait for the GIL.
+Instead the scheduler picks up completions itself: without blocking, whenever it passes by
+(collectives report completion), and by waiting on the oldest operation in flight when it has
+nothing else to do (why that cannot deadlock: see ``CommLane``).
 On CUDA each lane also owns a stream: a firing makes its lane's stream wait on the events of its
 inputs and records an event for its outputs, so the CPU only enqueues work and never waits for
-the GPU; NCCL's ``wait()`` is itself a stream wait, so the comm lane needs no waiter pool.
+the GPU; NCCL's ``wait()`` is itself a stream wait, so a posted operation is complete for the
+scheduler at once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from typing import Any
 
 import torch
 
-from .comm import Comm
+from .comm import Comm, Pending
 from .specs import Actor, Collective
 
 
@@ -64,27 +69,62 @@ class Streams:
         return self.t0_ns + int(self.t0_event.elapsed_time(ev) * 1e6)  # type: ignore[union-attr]
 
 
+class CommFailure(Exception):
+    """Posting or finishing communication firing ``k`` of actor ``node`` raised; ``tb`` is its traceback."""
+
+    def __init__(self, node: int, k: int, tb: str) -> None:
+        super().__init__(f"communication firing {k} of actor #{node} failed")
+        self.node, self.k, self.tb = node, k, tb
+
+
+class _Posted:
+    """One communication firing in flight (or finished but not yet handed to the scheduler)."""
+
+    __slots__ = ("node", "k", "pend", "t0", "pollable", "done")
+
+    def __init__(self, node: int, k: int, pend: Pending | None, t0: int, pollable: bool,
+                 done: tuple | None) -> None:
+        self.node, self.k, self.pend, self.t0, self.pollable, self.done = node, k, pend, t0, pollable, done
+
+
 class CommLane:
-    """The comm lane: posts communication in the order it is submitted, reports completions to ``inbox``.
+    """The comm lane: posts communication in the order it is given and hands back completions.
 
     Posting never blocks (Gloo and NCCL operations are asynchronous), so it happens right away on
-    the submitting thread, in order, without a thread hop on the critical path of a transfer.
-    Completion is where the lane's threads come in: a collective's future calls back from Gloo's
-    own thread, and a point-to-point transfer is waited for by a pool thread. On CUDA the post
-    goes onto the comm stream and ``wait()`` is a stream wait, so it completes at once for the CPU.
+    the scheduler's thread, in order. Completions come back two ways, both on that same thread:
 
-    Each completion is ``("done", node, k, outputs, event, t0_ns, t1_ns, nbytes, cuda_timing)``; a
-    failure is ``("error", node, k, exception, traceback_text)``.
+    - ``ready()`` never blocks: operations already finished. A collective says so by itself
+      (``is_completed``); a CUDA operation is finished for the CPU as soon as it is posted (its
+      consumers wait on its event). Gloo's send and recv cannot be asked, only waited for.
+    - ``wait_oldest()`` blocks until the oldest operation still in flight finishes.
+
+    Why blocking cannot deadlock: every rank posts its communication in one global order
+    (``ActorPlan.comm_order``, in which each operation comes after everything its members needed
+    to post it). Take the earliest operation X of that order that never finishes. Every member
+    that posted X lets it finish (Gloo progresses it on its own threads), so some member m never
+    posts X. Whatever m has posted comes before X, so it finishes: m never blocks for good,
+    handles every completion and fires every compute that becomes ready, and the firing rule then
+    lets X fire on m, as it did when the order was derived. Which operation to wait on is thus a
+    matter of speed only: the oldest, because operations finish about in posting order and a
+    finished send that nobody noticed would keep its register (and the next send) waiting.
+
+    A completion is ``(node, k, outputs, event, t0_ns, t1_ns, nbytes, cuda_timing)``; the end time
+    is when the scheduler saw it finish. A failure raises ``CommFailure``.
     """
 
-    def __init__(self, comm: Comm, streams: Streams, inbox: queue.SimpleQueue, micro_batches: int) -> None:
-        self.comm, self.streams, self.inbox, self.micro = comm, streams, inbox, micro_batches
-        self.pool = None if streams.cuda else ThreadPoolExecutor(16, thread_name_prefix="sbplab-comm-lane")
-        self.inflight: dict[tuple[int, int], tuple[int, str]] = {}  # (node, k) -> (t0_ns, label)
-        self.lock = threading.Lock()
+    def __init__(self, comm: Comm, streams: Streams, micro_batches: int) -> None:
+        self.comm, self.streams, self.micro = comm, streams, micro_batches
+        self.posted: deque[_Posted] = deque()  # in posting order
+        self.pollable = 0  # how many of them say by themselves when they are done
+        self.inflight: dict[tuple[int, int], tuple[int, str]] = {}  # (node, k) -> (t0_ns, label), for status
+        self.lock = threading.Lock()  # the worker's main thread reads ``inflight`` for status reports
 
-    def submit(self, node: int, k: int, actor: Actor, micro: int, x: torch.Tensor | None, event: Any,
-               inplace: bool = False) -> None:
+    @property
+    def busy(self) -> bool:
+        return bool(self.posted)
+
+    def post(self, node: int, k: int, actor: Actor, micro: int, x: torch.Tensor | None, event: Any,
+             inplace: bool = False) -> None:
         t0 = time.perf_counter_ns()
         with self.lock:
             self.inflight[(node, k)] = (t0, actor.label)
@@ -98,50 +138,50 @@ class CommLane:
                 if self.streams.cuda:
                     out = pend.wait()  # a stream wait, not a CPU one
                     ev = self.streams.record(self.streams.comm)
-                    self._done(node, k, out, ev, t0, pend.nbytes, (sev, ev))
+                    self.posted.append(_Posted(node, k, None, t0, True,
+                                               (out, ev, pend.nbytes, (sev, ev))))
+                    self.pollable += 1
                     return
         except BaseException as e:  # noqa: BLE001 - reported to the driver with its traceback
-            self.inbox.put(("error", node, k, e, traceback.format_exc()))
-            return
-        fut = None
-        if isinstance(actor, Collective) and pend.work is not None:
-            try:
-                fut = pend.work.get_future()  # type: ignore[attr-defined]
-            except RuntimeError:  # this backend has no futures for it
-                fut = None
-        if fut is not None:  # completes on the backend's thread, no waiter needed
-            fut.add_done_callback(
-                lambda f, node=node, k=k, pend=pend, t0=t0: self._future_done(f, node, k, pend, t0))
+            raise CommFailure(node, k, traceback.format_exc()) from e
+        pollable = pend.work is None or isinstance(actor, Collective)
+        self.posted.append(_Posted(node, k, pend, t0, pollable, None))
+        self.pollable += pollable
+
+    def ready(self) -> list[tuple]:
+        """Completions available now, without blocking.
+
+        Collectives finish about in the order they were posted, so the scan stops at the first
+        unfinished one (later ones come on a later pass, or by waiting); sends and recvs, which
+        cannot be asked, are passed over.
+        """
+        out: list[tuple] = []
+        if not self.pollable:
+            return out
+        for op in list(self.posted):
+            if not op.pollable:
+                continue
+            work = op.pend.work if op.done is None else None  # type: ignore[union-attr]
+            if work is not None and not work.is_completed():  # type: ignore[attr-defined]
+                break
+            self.posted.remove(op)
+            out.append(self._finish(op))
+        return out
+
+    def wait_oldest(self) -> tuple:
+        """Block until the oldest operation in flight finishes; its completion."""
+        return self._finish(self.posted.popleft())
+
+    def _finish(self, op: _Posted) -> tuple:
+        self.pollable -= op.pollable
+        if op.done is not None:
+            out, ev, nbytes, timing = op.done
         else:
-            self.pool.submit(self._wait, node, k, pend, t0)  # type: ignore[union-attr]
-
-    def _future_done(self, fut, node: int, k: int, pend, t0: int) -> None:
-        try:
-            fut.value()
-            pend.work = None
-            out = pend.wait()
-        except BaseException as e:  # noqa: BLE001
-            self.inbox.put(("error", node, k, e, traceback.format_exc()))
-            return
-        self._done(node, k, out, None, t0, pend.nbytes)
-
-    def _wait(self, node: int, k: int, pend, t0: int) -> None:
-        try:
-            out = pend.wait()
-        except BaseException as e:  # noqa: BLE001
-            self.inbox.put(("error", node, k, e, traceback.format_exc()))
-            return
-        self._done(node, k, out, None, t0, pend.nbytes)
-
-    def _done(self, node: int, k: int, out, ev, t0: int, nbytes: int, timing=None) -> None:
+            try:
+                out = op.pend.wait()  # type: ignore[union-attr]
+            except BaseException as e:  # noqa: BLE001
+                raise CommFailure(op.node, op.k, traceback.format_exc()) from e
+            ev, nbytes, timing = None, op.pend.nbytes, None  # type: ignore[union-attr]
         with self.lock:
-            self.inflight.pop((node, k), None)
-        outs = () if out is None else (out,)
-        self.inbox.put(("done", node, k, outs, ev, t0, time.perf_counter_ns(), nbytes, timing))
-
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.inflight.pop((op.node, op.k), None)
+        return (op.node, op.k, () if out is None else (out,), ev, op.t0, time.perf_counter_ns(), nbytes, timing)

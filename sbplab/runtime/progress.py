@@ -1,10 +1,15 @@
-"""A progress bar over steps that works in a terminal and in a notebook (tqdm.auto picks the widget)."""
+"""A progress bar over steps that works in a terminal and in a notebook (tqdm.auto picks the widget).
+
+It moves as each step finishes on every rank and shows that step's loss."""
 
 from __future__ import annotations
 
 
 class _NoBar:
     def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, *args, **kwargs) -> None:
         pass
 
     def close(self) -> None:

@@ -93,6 +93,31 @@ def _combine(vals: list[torch.Tensor], how: str) -> torch.Tensor:
     return st if how == "stack" else (st.sum(0) if how == "sum" else st.mean(0))
 
 
+def loss_value(v: torch.Tensor) -> float:
+    """A step's global loss as a float (nan unless it is one number)."""
+    return float(v.reshape(-1)[0]) if v.numel() == 1 else float("nan")
+
+
+def _sink_step(a: Sink, by_rank: Mapping[int, Sequence[torch.Tensor]], firings: range, key: str) -> torch.Tensor:
+    """One step's global value of a sink from every rank's values of ``firings`` (that step's)."""
+    full = [_assemble(a.placement, a.sbp, {r: v[f] for r, v in by_rank.items()}, key) for f in firings]
+    return _combine(full, a.micro_reduce) if a.scope == "micro" else full[0]
+
+
+def step_loss(plan: ActorPlan, per_rank: Mapping[int, Mapping[str, list[torch.Tensor]]]) -> float | None:
+    """The loss of one step from the values each rank's "loss" sink took in it (sink name -> tensors),
+    computed exactly as ``assemble_results`` computes it for the whole run; None without a loss sink."""
+    sink, by_rank = None, {}
+    for r, rp in plan.ranks.items():
+        for a in rp.actors:
+            if isinstance(a, Sink) and a.key == "loss" and a.name in per_rank.get(r, {}):
+                sink, by_rank[r] = a, per_rank[r][a.name]
+    if sink is None:
+        return None
+    n = len(next(iter(by_rank.values())))
+    return loss_value(_sink_step(sink, by_rank, range(n), "loss"))
+
+
 def assemble_results(plan: ActorPlan, steps: int, per_rank: dict[int, dict]) -> tuple[dict, dict]:
     """Sinks (per key, per step) and final parameters, from every rank's local values."""
     M = plan.micro_batches
@@ -106,13 +131,8 @@ def assemble_results(plan: ActorPlan, steps: int, per_rank: dict[int, dict]) -> 
                 states.setdefault(a.key, (a, {}))[1][r] = per_rank[r]["params"][a.name]
     outputs: dict[str, list[torch.Tensor]] = {}
     for key, (a, by_rank) in sinks.items():
-        firings = len(next(iter(by_rank.values())))
-        full = [_assemble(a.placement, a.sbp, {r: v[f] for r, v in by_rank.items()}, key)
-                for f in range(firings)]
-        if a.scope == "micro":
-            outputs[key] = [_combine(full[s * M:(s + 1) * M], a.micro_reduce) for s in range(steps)]
-        else:
-            outputs[key] = full
+        per = M if a.scope == "micro" else 1
+        outputs[key] = [_sink_step(a, by_rank, range(s * per, (s + 1) * per), key) for s in range(steps)]
     params: dict[str, Any] = {}
     for key, (a, by_rank) in states.items():
         if a.placement is None:

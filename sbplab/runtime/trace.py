@@ -3,7 +3,10 @@
 Workers time firings with their own monotonic clock; the driver measures each worker's clock
 offset at the start of a run (NTP-style: the ping with the shortest round trip wins) and moves
 every event onto its own clock, so firings on different ranks line up. Times are microseconds
-from the start of the run.
+from the start of the run. A communication firing runs from its posting to the moment the
+scheduler saw it finish: a collective as soon as the scheduler passes by, a send or a recv when
+the scheduler next waits for it (it only waits when it has nothing to compute, oldest first), so
+a transfer that finished while kernels ran shows as lasting until the compute lane fell idle.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 The main thread owns the connection to the driver: it answers clock pings and status requests
 and sends a heartbeat while a run is going, so the driver can tell a hang from slow work even
-when the run thread is stuck inside a kernel or a collective. Runs happen on a second thread.
+when the run thread is stuck inside a kernel or a collective. Runs happen on a second thread,
+which also tells the driver as each step finishes when asked to (one small message per step,
+sent under the same lock as everything else on the connection).
 
 Started by ``LocalCluster`` (multiprocessing spawn) or by hand on other machines:
 
@@ -39,6 +41,11 @@ class Worker:
         self.comm = Comm(rank, world_size, device_type, device)
         self.activity = activity
         self.executor: Executor | None = None
+        self.send_lock = threading.Lock()  # the run thread reports steps on the same connection
+
+    def _send(self, msg: tuple) -> None:
+        with self.send_lock:
+            send(self.conn, msg)
 
     def serve(self) -> None:
         while True:
@@ -69,9 +76,9 @@ class Worker:
             while self.conn.poll():
                 msg = recv(self.conn)
                 if msg[0] == "status":
-                    send(self.conn, ("status", self.rank, self._status()))
+                    self._send(("status", self.rank, self._status()))
                 elif msg[0] == "clock":
-                    send(self.conn, ("clock", time.perf_counter_ns()))
+                    self._send(("clock", time.perf_counter_ns()))
                 elif msg[0] == "close":
                     closing = True
                     if self.executor is not None:
@@ -81,11 +88,11 @@ class Worker:
             ex = self.executor
             steps = ex.steps_done() if ex is not None else 0
             age = ex.progress_age_s() if ex is not None else 0.0
-            send(self.conn, ("beat", spec.run_id, self.rank, steps, age))
+            self._send(("beat", spec.run_id, self.rank, steps, age))
         if "error" in box:
-            send(self.conn, ("error", spec.run_id, box["error"]))
+            self._send(("error", spec.run_id, box["error"]))
         else:
-            send(self.conn, ("done", spec.run_id, self.rank, box["result"]))
+            self._send(("done", spec.run_id, self.rank, box["result"]))
         self.executor = None
         return False
 
@@ -98,7 +105,11 @@ class Worker:
     def _run_body(self, spec: RunSpec, box: dict) -> None:
         try:
             self.comm.ensure_groups(spec.groups, spec.pairs)
-            self.executor = Executor(spec, self.rank, self.comm, self.device, self.activity)
+            report = None
+            if spec.report_steps:
+                def report(step: int, losses: dict) -> None:
+                    self._send(("step", spec.run_id, self.rank, step, losses))
+            self.executor = Executor(spec, self.rank, self.comm, self.device, self.activity, report)
             box["result"] = self.executor.run()
         except ActorFailure as e:
             box["error"] = e.info

@@ -1,7 +1,8 @@
 """RunPanel: run the editor's compiled strategy for k steps, then the timeline and the check against torch.
 
 "workers" runs on a ``LocalCluster`` (one real process per rank, Gloo), which hands back losses,
-final parameters and a trace; "in-process" runs the same physical graph in the ``LocalExecutor``
+final parameters and a trace, and reports each step as it finishes (the bar and the loss so far
+move per step, not per stage); "in-process" runs the same physical graph in the ``LocalExecutor``
 (all ranks in this process: fast, no timeline). Either way the same steps then run in plain
 single-device PyTorch and the panel shows both losses side by side and the largest differences.
 The cluster stays up between runs (``close()`` stops it). Failures become the ``error`` trait.
@@ -25,7 +26,7 @@ from .svg_charts import timeline_svg
 from .zoo import BuiltModel
 
 BACKENDS = ("workers", "in-process")
-STAGES = {  # status -> progress shown while it runs
+STAGES = {  # status -> progress shown when it starts; "running" then moves on step by step
     "lowering": 0.05, "starting workers": 0.15, "running": 0.3, "checking against torch": 0.85, "done": 1.0,
 }
 
@@ -50,6 +51,8 @@ class RunPanel(anywidget.AnyWidget):
     stale = t.Bool(False).tag(sync=True)  # the strategy changed since the last run
     status = t.Unicode("idle").tag(sync=True)  # idle, lowering, starting workers, running, checking..., done, failed
     progress = t.Float(0.0).tag(sync=True)  # 0..1
+    steps_done = t.Int(0).tag(sync=True)  # steps of the current run finished so far
+    run_losses = t.List(t.Float(allow_none=True)).tag(sync=True)  # their losses, as each step finishes
     stage_ms = t.Dict().tag(sync=True)  # how long each stage took
     loss_rows = t.List(t.Dict()).tag(sync=True)  # step, run, torch, diff
     loss_diff = t.Float(0.0).tag(sync=True)
@@ -124,12 +127,20 @@ class RunPanel(anywidget.AnyWidget):
         started[:] = [now]
         self.status, self.progress = status, STAGES[status]
 
+    def _on_step(self, step: int, steps: int, loss: float | None) -> None:
+        """A step finished: the bar moves its share of the "running" stretch and its loss shows."""
+        lo, hi = STAGES["running"], STAGES["checking against torch"]
+        self.steps_done = step + 1
+        self.run_losses = [*self.run_losses, None if loss is None else float(loss)]
+        self.progress = lo + (hi - lo) * (step + 1) / steps
+
     def run(self) -> None:
         """Run ``steps`` training steps, then the check against PyTorch; never raises, sets ``error``."""
         times: dict[str, float] = {}
         started: list[float] = []
         self.error = ""
         self.loss_rows, self.timeline_svg, self.firings, self.makespan_us = [], "", 0, 0.0
+        self.steps_done, self.run_losses = 0, []
         self.loss_diff = self.param_diff = self.wall_s = 0.0
         self.passed, self.worst_param, self.stage_ms, self.result, self.check = False, "", {}, None, None
         try:
@@ -156,13 +167,17 @@ class RunPanel(anywidget.AnyWidget):
             cluster = self._cluster(n, times, started)
             self._stage("running", times, started)
             t0 = time.perf_counter()
-            self.result = cluster.run(plan, feeds, steps=self.steps, timeout=self.timeout, progress=False)
+            self.result = cluster.run(plan, feeds, steps=self.steps, timeout=self.timeout, progress=False,
+                                      on_step=self._on_step)
             losses, params = self.result.losses, self.result.full_params()
         else:
             self._stage("running", times, started)
             t0 = time.perf_counter()
             ex = c.executor()
-            losses = [ex.step(feeds) for _ in range(self.steps)]
+            losses = []
+            for step in range(self.steps):
+                losses.append(ex.step(feeds))
+                self._on_step(step, self.steps, losses[-1])
             params = ex.params()
         self.wall_s = time.perf_counter() - t0
         self._stage("checking against torch", times, started)
