@@ -144,3 +144,16 @@ def test_wheel_ships_assets_where_the_lookup_finds_them(tmp_path: Path):
 def test_global_tensor_dtype_reaches_picture():
     pic = layout_picture((4, 4), sl.Placement("cpu", 2), "S(1)", dtype=torch.bfloat16)
     assert pic.local_types() == ["bf16[4,2]"]
+
+
+def test_every_widget_module_gets_the_shared_helpers_once():
+    """Each front end is dom.js + its own module; a name declared twice would break it in the page."""
+    import re
+
+    from sbplab.widgets._assets import widget_module
+
+    for name in ("sbp_playground.js", "model_builder.js", "strategy_editor.js", "run_panel.js"):
+        src = widget_module(name)
+        top = re.findall(r"^(?:export )?(?:function|const|let|class) (\w+)", src, flags=re.M)
+        assert len(top) == len(set(top)), f"{name}: declared twice: {[n for n in top if top.count(n) > 1]}"
+        assert "function h(" in src and "function redrawOn(" in src and "export default" in src

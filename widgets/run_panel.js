@@ -9,17 +9,6 @@ const DERIVED = [
   "error", "tol",
 ];
 
-function h(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v;
-    else if (k === "text") node.textContent = v;
-    else node.setAttribute(k, v);
-  }
-  for (const c of children) node.append(c);
-  return node;
-}
-
 function field(label, control) {
   return h("label", { class: "rp-field" }, h("span", { text: label }), control);
 }
@@ -90,15 +79,7 @@ function render({ model, el }) {
     timeline.innerHTML = model.get("timeline_svg");  // SVG built in Python, text escaped there
   }
 
-  let pending = false;
-  const schedule = () => {
-    if (pending) return;
-    pending = true;
-    queueMicrotask(() => { pending = false; draw(); });
-  };
-  for (const name of DERIVED) model.on(`change:${name}`, schedule);
-  draw();
-  return () => { for (const name of DERIVED) model.off(`change:${name}`, schedule); };
+  return redrawOn(model, DERIVED, draw);
 }
 
 export default { render };

@@ -15,24 +15,6 @@ export function token(value) {
   return value.replace(/[()\s]/g, "");
 }
 
-function h(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v;
-    else if (k === "text") node.textContent = v;
-    else node.setAttribute(k, v);
-  }
-  for (const c of children) node.append(c);
-  return node;
-}
-
-function fmtBytes(n) {
-  const units = ["B", "KB", "MB", "GB"];
-  let i = 0;
-  while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
-  return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
-}
-
 function textInput(testid, label, onCommit) {
   const input = h("input", { "data-testid": testid, type: "text", spellcheck: "false", "aria-label": label });
   input.addEventListener("change", () => onCommit(input.value));
@@ -154,15 +136,7 @@ function render({ model, el }) {
   }
 
   // Python sends many traits per recompute; draw once after the batch.
-  let pending = false;
-  const schedule = () => {
-    if (pending) return;
-    pending = true;
-    queueMicrotask(() => { pending = false; draw(); });
-  };
-  for (const name of DERIVED) model.on(`change:${name}`, schedule);
-  draw();
-  return () => { for (const name of DERIVED) model.off(`change:${name}`, schedule); };
+  return redrawOn(model, DERIVED, draw);
 }
 
 export default { render };

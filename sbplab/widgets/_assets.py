@@ -25,3 +25,12 @@ def asset_path(name: str) -> Path:
     looked = ", ".join(str(d) for d in asset_dirs())
     raise FileNotFoundError(f"widget asset {name!r} not found; looked in {looked}. A wheel must include "
                             f"the top-level widgets/ folder as sbplab/_widgets")
+
+
+def widget_module(name: str) -> str:
+    """A widget's ES module as anywidget loads it: the shared ``dom.js`` helpers, then ``name``.
+
+    There is no bundler and anywidget loads one module per widget, so shared helpers are put in
+    front of each module here rather than imported.
+    """
+    return asset_path("dom.js").read_text() + "\n" + asset_path(name).read_text()

@@ -17,7 +17,7 @@ import anywidget
 import traitlets as t
 
 from ..viz.graph_dot import logical_dot
-from ._assets import asset_path
+from ._assets import asset_path, widget_module
 from .messages import error_text, graph_view
 from .zoo import (
     LAYER_KINDS,
@@ -38,7 +38,7 @@ DEFAULT_LAYERS = [{"kind": "Linear", "size": 64}, {"kind": "ReLU"}, {"kind": "Li
 class ModelBuilder(anywidget.AnyWidget):
     """``ModelBuilder("gpt", n_layer=4, n_embd=64)`` or ``ModelBuilder(layers=[{"kind": "Linear", "size": 32}])``."""
 
-    _esm = asset_path("model_builder.js")
+    _esm = widget_module("model_builder.js")
     _css = asset_path("model_builder.css")
 
     # --- inputs ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import Split, fmt_sbp, parse_sbp
 from ..viz.layout_picture import LayoutPicture
-from ._assets import asset_path
+from ._assets import asset_path, widget_module
 from .parse import parse_dims
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -62,7 +62,7 @@ class SbpPlayground(anywidget.AnyWidget):
     ``SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp="S(0), B", target="B, S(1)")``
     """
 
-    _esm = asset_path("sbp_playground.js")
+    _esm = widget_module("sbp_playground.js")
     _css = asset_path("sbp_playground.css")
 
     # --- inputs: set by people or by clicks in the page ---------------------------------------

@@ -18,7 +18,7 @@ import traitlets as t
 
 from ..compiler.api import Compiled
 from ..viz.timeline import makespan_us, timeline, timeline_bars
-from ._assets import asset_path
+from ._assets import asset_path, widget_module
 from .messages import error_text
 from .run_check import NumericCheck, check_against_torch
 from .strategy_editor import StrategyEditor
@@ -34,7 +34,7 @@ STAGES = {  # status -> progress shown when it starts; "running" then moves on s
 class RunPanel(anywidget.AnyWidget):
     """``RunPanel(editor, steps=3).run()``; ``panel.result`` is the runtime's RunResult."""
 
-    _esm = asset_path("run_panel.js")
+    _esm = widget_module("run_panel.js")
     _css = asset_path("run_panel.css")
 
     # --- inputs -------------------------------------------------------------------------------------
