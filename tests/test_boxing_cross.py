@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from block_counts import block_numel, block_overlap
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,20 +23,6 @@ ITEM = 4
 
 def _full(shape, seed=0):
     return torch.randint(-20, 21, shape, generator=torch.Generator().manual_seed(seed)).float()
-
-
-def _numel(block) -> int:
-    n = 1
-    for s, e in block:
-        n *= e - s
-    return n
-
-
-def _overlap(a, b) -> int:
-    n = 1
-    for (s0, e0), (s1, e1) in zip(a, b):
-        n *= max(0, min(e0, e1) - max(s0, s1))
-    return n
 
 
 def _check_moves(plan):
@@ -73,7 +60,7 @@ def test_stage_to_stage(src, dst):
     assert move.kind == "send_recv"
     # disjoint ranks: every element a destination rank ends the move with came over the wire
     for r in (2, 3):
-        assert move.bytes_recv[r] == _numel(local_block(shape, move.placement, move.dst_sbp, r)) * ITEM
+        assert move.bytes_recv[r] == block_numel(local_block(shape, move.placement, move.dst_sbp, r)) * ITEM
     if src == dst:  # the cheapest is to ship each shard as it is, partial ones too
         assert plan.kinds == ("send_recv",)
         assert move.groups == ((0, 2), (1, 3))
@@ -90,7 +77,7 @@ def test_four_ranks_to_two():
     want = 0
     for r in dst_pl.rank_list:
         need = local_block(shape, dst_pl, (S(0),), r)
-        want += _numel(need) - _overlap(need, local_block(shape, src_pl, (S(0),), r))
+        want += block_numel(need) - block_overlap(need, local_block(shape, src_pl, (S(0),), r))
     assert plan.total_bytes == want * ITEM == 96
 
 

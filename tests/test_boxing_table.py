@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from block_counts import block_numel, block_overlap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,20 +73,6 @@ def test_time_is_latency_times_steps_plus_bytes_over_bandwidth(p):
     assert ar.time_s == pytest.approx(lat * 2 * (p - 1) + 2 * T * (p - 1) / p / bw)
 
 
-def _numel(block) -> int:
-    n = 1
-    for s, e in block:
-        n *= e - s
-    return n
-
-
-def _overlap(a, b) -> int:
-    n = 1
-    for (s0, e0), (s1, e1) in zip(a, b):
-        n *= max(0, min(e0, e1) - max(s0, s1))
-    return n
-
-
 @settings(max_examples=60, deadline=None)
 @given(p=st.integers(2, 5), n0=st.integers(5, 13), n1=st.integers(5, 11),
        pair=st.sampled_from([("S(0)", "B"), ("P", "S(1)"), ("P", "B"), ("S(0)", "S(1)"), ("S(1)", "S(0)")]))
@@ -101,19 +88,19 @@ def test_uneven_bytes_are_exact(p, n0, n1, pair):
     for i, r in enumerate(ranks):
         nxt, prv = ranks[(i + 1) % p], ranks[(i - 1) % p]
         if step.kind == "all_gather":  # ring: everything but the next rank's chunk goes out
-            want_s = T - _numel(local_block(shape, pl, a, nxt))
-            want_r = T - _numel(local_block(shape, pl, a, r))
+            want_s = T - block_numel(local_block(shape, pl, a, nxt))
+            want_r = T - block_numel(local_block(shape, pl, a, r))
         elif step.kind == "reduce_scatter":
-            want_s = T - _numel(local_block(shape, pl, b, r))
-            want_r = T - _numel(local_block(shape, pl, b, prv))
+            want_s = T - block_numel(local_block(shape, pl, b, r))
+            want_r = T - block_numel(local_block(shape, pl, b, prv))
         elif step.kind == "all_reduce":  # reduce-scatter + all-gather over the flat tensor
             c = balanced_sizes(T, p)
             want_s = 2 * T - c[i] - c[(i + 1) % p]
             want_r = 2 * T - c[(i - 1) % p] - c[i]
         else:  # all-to-all: exactly the blocks that change owner
             mine_a, mine_b = local_block(shape, pl, a, r), local_block(shape, pl, b, r)
-            want_s = sum(_overlap(mine_a, local_block(shape, pl, b, o)) for o in ranks if o != r)
-            want_r = sum(_overlap(mine_b, local_block(shape, pl, a, o)) for o in ranks if o != r)
+            want_s = sum(block_overlap(mine_a, local_block(shape, pl, b, o)) for o in ranks if o != r)
+            want_r = sum(block_overlap(mine_b, local_block(shape, pl, a, o)) for o in ranks if o != r)
         assert step.bytes_sent[r] == want_s * ITEM
         assert step.bytes_recv[r] == want_r * ITEM
     assert sum(step.bytes_sent.values()) == sum(step.bytes_recv.values())

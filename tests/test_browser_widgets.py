@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -91,82 +92,74 @@ def jupyter_lab(tmp_path_factory):
     log.close()
 
 
-def _open_and_run(browser, lab_url: str, notebook: str):
-    """Open ``notebook`` in JupyterLab, wait for its kernel, run every cell; returns the page."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    workspace = notebook.replace(".", "-")  # a workspace of its own: no tabs restored from another test
-    page.goto(f"{lab_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={TOKEN}")
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           f" && window.jupyterapp.shell.currentWidget.context?.path === '{notebook}'"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-                           timeout=90_000)
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    return page
+@contextmanager
+def notebook_page(lab_url: str, notebook: str, screenshot: str):
+    """A Chromium page with ``notebook`` open in JupyterLab and every cell run.
+
+    On leaving, the page is saved as ``screenshot`` in artifacts/browser/ (or as
+    ``failure-<screenshot>`` when the block raised), and the browser is closed.
+    """
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            workspace = notebook.replace(".", "-")  # a workspace of its own: no tabs restored from another test
+            page.goto(f"{lab_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={TOKEN}")
+            page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                                   f" && window.jupyterapp.shell.currentWidget.context?.path === '{notebook}'"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+                                   timeout=90_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            yield page
+        except BaseException:
+            page.screenshot(path=str(SCREENSHOT_DIR / f"failure-{screenshot}"), full_page=True)
+            raise
+        else:
+            page.screenshot(path=str(SCREENSHOT_DIR / screenshot), full_page=True)
+        finally:
+            browser.close()
+    print(f"screenshot: {SCREENSHOT_DIR / screenshot}")
 
 
 def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOT_DIR / "sbp_playground.png"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = None
-        try:
-            page = _open_and_run(browser, jupyter_lab, "play.ipynb")
-            steps = page.get_by_test_id("boxing-steps").locator("tr.boxing-step")
-            expect(steps).to_have_count(1, timeout=90_000)  # (S(0), B) -> (B, B): one all-gather
-            expect(steps.first).to_contain_text("all_gather")
-            layout_before = page.get_by_test_id("src-layout").inner_html()
-            type_before = page.get_by_test_id("src-type").inner_text()
-            assert "@" in type_before and "8" in type_before
+    with notebook_page(jupyter_lab, "play.ipynb", "sbp_playground.png") as page:
+        steps = page.get_by_test_id("boxing-steps").locator("tr.boxing-step")
+        expect(steps).to_have_count(1, timeout=90_000)  # (S(0), B) -> (B, B): one all-gather
+        expect(steps.first).to_contain_text("all_gather")
+        layout_before = page.get_by_test_id("src-layout").inner_html()
+        type_before = page.get_by_test_id("src-type").inner_text()
+        assert "@" in type_before and "8" in type_before
 
-            page.get_by_test_id("src-axis1-S1").click()  # mesh axis 1: B -> S(1)
+        page.get_by_test_id("src-axis1-S1").click()  # mesh axis 1: B -> S(1)
 
-            expect(steps).to_have_count(2, timeout=30_000)  # (S(0), S(1)) -> (B, B): two all-gathers
-            expect(steps.nth(1)).to_contain_text("all_gather")
-            expect(page.get_by_test_id("src-type")).not_to_have_text(type_before, timeout=10_000)
-            assert page.get_by_test_id("src-layout").inner_html() != layout_before
-            expect(page.get_by_test_id("error-message")).to_be_empty()
-            # the local shapes table now shows the checkerboard's (4, 3) shards
-            expect(page.get_by_test_id("local-shapes")).to_contain_text("4, 3")
-            page.get_by_test_id("boxing").scroll_into_view_if_needed()
-            page.screenshot(path=str(shot), full_page=True)
-        except Exception:
-            if page is not None:
-                page.screenshot(path=str(SCREENSHOT_DIR / "failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
-    assert shot.stat().st_size > 10_000
-    print(f"screenshot: {shot}")
+        expect(steps).to_have_count(2, timeout=30_000)  # (S(0), S(1)) -> (B, B): two all-gathers
+        expect(steps.nth(1)).to_contain_text("all_gather")
+        expect(page.get_by_test_id("src-type")).not_to_have_text(type_before, timeout=10_000)
+        assert page.get_by_test_id("src-layout").inner_html() != layout_before
+        expect(page.get_by_test_id("error-message")).to_be_empty()
+        # the local shapes table now shows the checkerboard's (4, 3) shards
+        expect(page.get_by_test_id("local-shapes")).to_contain_text("4, 3")
+        page.get_by_test_id("boxing").scroll_into_view_if_needed()
+    assert (SCREENSHOT_DIR / "sbp_playground.png").stat().st_size > 10_000
 
 
 def test_strategy_editor_recomputes_when_the_preset_changes(jupyter_lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOT_DIR / "strategy_editor.png"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = None
-        try:
-            page = _open_and_run(browser, jupyter_lab, "editor.ipynb")
-            summary = page.get_by_test_id("summary")
-            expect(summary).to_contain_text("all_reduce", timeout=90_000)  # DP: gradient all-reduces
-            dp_text = summary.inner_text()
-            expect(page.get_by_test_id("memory-table")).not_to_be_empty()
-            page.get_by_test_id("preset-select").select_option("tp")
-            expect(summary).not_to_have_text(dp_text, timeout=60_000)
-            expect(summary).to_contain_text("forward", timeout=10_000)  # Megatron: all-reduce in forward
-            expect(page.get_by_test_id("error-message")).to_be_empty()
-            page.screenshot(path=str(shot), full_page=True)
-        except Exception:
-            if page is not None:
-                page.screenshot(path=str(SCREENSHOT_DIR / "failure-editor.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
-    assert shot.stat().st_size > 10_000
+    with notebook_page(jupyter_lab, "editor.ipynb", "strategy_editor.png") as page:
+        summary = page.get_by_test_id("summary")
+        expect(summary).to_contain_text("all_reduce", timeout=90_000)  # DP: gradient all-reduces
+        dp_text = summary.inner_text()
+        expect(page.get_by_test_id("memory-table")).not_to_be_empty()
+        page.get_by_test_id("preset-select").select_option("tp")
+        expect(summary).not_to_have_text(dp_text, timeout=60_000)
+        expect(summary).to_contain_text("forward", timeout=10_000)  # Megatron: all-reduce in forward
+        expect(page.get_by_test_id("error-message")).to_be_empty()
+    assert (SCREENSHOT_DIR / "strategy_editor.png").stat().st_size > 10_000
