@@ -61,6 +61,16 @@ def _timed(rank: int, out, key: str, step) -> None:
         out[key] = (time.perf_counter() - t0) / STEPS
 
 
+def _plain_step(opt, loss_of):
+    """One ordinary torch training step: loss, zero_grad, backward, optimizer step."""
+    def step():
+        loss = loss_of()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
 # --- hand-written programs ---------------------------------------------------------------------------
 def dp_worker(rank, port, model, x, y, out):
     _init(rank, port)
@@ -123,12 +133,7 @@ def tp_worker(rank, port, model, x, y, out):
             h = h + _ReduceFromTP.apply(z) + b.fc2.bias
         return m.head(h)
 
-    def step():
-        loss = F.cross_entropy(forward(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    _timed(rank, out, "tp", step)
+    _timed(rank, out, "tp", _plain_step(opt, lambda: F.cross_entropy(forward(x), y)))
 
 
 def dtensor_worker(rank, port, model, x, y, out):
@@ -144,12 +149,7 @@ def dtensor_worker(rank, port, model, x, y, out):
     parallelize_module(m, mesh, plan)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
 
-    def step():
-        loss = F.cross_entropy(m(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    _timed(rank, out, "dtensor", step)
+    _timed(rank, out, "dtensor", _plain_step(opt, lambda: F.cross_entropy(m(x), y)))
 
 
 def gpipe_worker(rank, port, model, x, y, out):

@@ -147,11 +147,15 @@ def test_global_tensor_dtype_reaches_picture():
 
 
 def test_every_widget_module_gets_the_shared_helpers_once():
-    """Each front end is dom.js + its own module; a name declared twice would break it in the page."""
+    """Each front end is dom.js + its own module (a name declared twice would break it in the page),
+    and base.css + its own CSS, whose shared rules apply through the .sbplab-widget class."""
     import re
 
-    from sbplab.widgets._assets import widget_module
+    from sbplab.widgets._assets import widget_module, widget_style
 
+    for name in ("sbp_playground", "model_builder", "strategy_editor", "run_panel"):
+        css = widget_style(f"{name}.css")
+        assert css.count(".sbplab-widget {") == 1 and "sbplab-widget" in widget_module(f"{name}.js")
     for name in ("sbp_playground.js", "model_builder.js", "strategy_editor.js", "run_panel.js"):
         src = widget_module(name)
         top = re.findall(r"^(?:export )?(?:function|const|let|class) (\w+)", src, flags=re.M)

@@ -20,7 +20,7 @@ function numberInput(testid, value, onCommit) {
 
 function render({ model, el }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
-  el.classList.add("sbplab-mb");
+  el.classList.add("sbplab-widget", "sbplab-mb");
 
   const modeSel = h("select", { "data-testid": "mode-select", "aria-label": "build from" });
   for (const [v, t] of [["zoo", "zoo model"], ["layers", "layer by layer"]]) modeSel.append(h("option", { value: v, text: t }));

@@ -17,7 +17,7 @@ const sci = (x) => (x === 0 ? "0" : x.toExponential(2));
 
 function render({ model, el }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
-  el.classList.add("sbplab-rp");
+  el.classList.add("sbplab-widget", "sbplab-rp");
 
   const stepsIn = h("input", { type: "number", min: "1", "data-testid": "steps-input" });
   stepsIn.addEventListener("change", () => commit("steps", Number(stepsIn.value)));

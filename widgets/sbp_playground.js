@@ -53,7 +53,7 @@ function render({ model, el }) {
   const planText = h("pre", { class: "pg-plan-text", "data-testid": "boxing-text" });
   const shapesTable = h("table", { class: "pg-shapes", "data-testid": "local-shapes" });
 
-  el.classList.add("sbplab-pg");
+  el.classList.add("sbplab-widget", "sbplab-pg");
   el.append(
     h("div", { class: "pg-inputs" }, shapeField, meshField, dtypeField, devField),
     error, note,

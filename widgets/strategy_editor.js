@@ -24,7 +24,7 @@ function options(sel, values, labels = {}) {
 
 function render({ model, el }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
-  el.classList.add("sbplab-se");
+  el.classList.add("sbplab-widget", "sbplab-se");
 
   // --- inputs -------------------------------------------------------------------------------------
   const presetSel = h("select", { "data-testid": "preset-select" });

@@ -34,3 +34,8 @@ def widget_module(name: str) -> str:
     front of each module here rather than imported.
     """
     return asset_path("dom.js").read_text() + "\n" + asset_path(name).read_text()
+
+
+def widget_style(name: str) -> str:
+    """A widget's CSS: the shared ``base.css`` rules (on ``.sbplab-widget``), then ``name``."""
+    return asset_path("base.css").read_text() + "\n" + asset_path(name).read_text()

@@ -17,7 +17,7 @@ import anywidget
 import traitlets as t
 
 from ..viz.graph_dot import logical_dot
-from ._assets import asset_path, widget_module
+from ._assets import widget_module, widget_style
 from .messages import error_text, graph_view
 from .zoo import (
     LAYER_KINDS,
@@ -39,7 +39,7 @@ class ModelBuilder(anywidget.AnyWidget):
     """``ModelBuilder("gpt", n_layer=4, n_embd=64)`` or ``ModelBuilder(layers=[{"kind": "Linear", "size": 32}])``."""
 
     _esm = widget_module("model_builder.js")
-    _css = asset_path("model_builder.css")
+    _css = widget_style("model_builder.css")
 
     # --- inputs ---------------------------------------------------------------------------------
     mode = t.Unicode("zoo").tag(sync=True)  # "zoo": a model of sbplab.models; "layers": a stack built here

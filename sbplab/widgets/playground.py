@@ -20,7 +20,7 @@ from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import Split, fmt_sbp, parse_sbp
 from ..viz.layout_picture import LayoutPicture
-from ._assets import asset_path, widget_module
+from ._assets import widget_module, widget_style
 from .parse import parse_dims
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -63,7 +63,7 @@ class SbpPlayground(anywidget.AnyWidget):
     """
 
     _esm = widget_module("sbp_playground.js")
-    _css = asset_path("sbp_playground.css")
+    _css = widget_style("sbp_playground.css")
 
     # --- inputs: set by people or by clicks in the page ---------------------------------------
     shape_text = t.Unicode("8, 6").tag(sync=True)  # tensor (global) shape, e.g. "8, 6"

@@ -18,7 +18,7 @@ import traitlets as t
 
 from ..compiler.api import Compiled
 from ..viz.timeline import makespan_us, timeline, timeline_bars
-from ._assets import asset_path, widget_module
+from ._assets import widget_module, widget_style
 from .messages import error_text
 from .run_check import NumericCheck, check_against_torch
 from .strategy_editor import StrategyEditor
@@ -35,7 +35,7 @@ class RunPanel(anywidget.AnyWidget):
     """``RunPanel(editor, steps=3).run()``; ``panel.result`` is the runtime's RunResult."""
 
     _esm = widget_module("run_panel.js")
-    _css = asset_path("run_panel.css")
+    _css = widget_style("run_panel.css")
 
     # --- inputs -------------------------------------------------------------------------------------
     steps = t.Int(3).tag(sync=True)

@@ -29,7 +29,7 @@ from ..compiler.lower import lower
 from ..compiler.memory import memory_report
 from ..viz.charts import comm_rows, comm_table
 from . import strategy_form as form
-from ._assets import asset_path, widget_module
+from ._assets import widget_module, widget_style
 from .editor_views import candidate_rows, graph_dot, memory_rows, module_stages, op_rows, training_graph
 from .messages import error_text, graph_view
 from .model_builder import ModelBuilder
@@ -47,7 +47,7 @@ class StrategyEditor(anywidget.AnyWidget):
     """``StrategyEditor(ModelBuilder("gpt"), preset="dp_tp", mesh=(2, 2))``; the result is ``.compiled``."""
 
     _esm = widget_module("strategy_editor.js")
-    _css = asset_path("strategy_editor.css")
+    _css = widget_style("strategy_editor.css")
 
     # --- inputs ---------------------------------------------------------------------------------
     preset = t.Unicode("dp").tag(sync=True)  # one of strategy_form.PRESETS
