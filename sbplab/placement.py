@@ -6,9 +6,9 @@ order of ranks on a mesh axis is the order of pieces of a split tensor.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 

@@ -8,8 +8,8 @@ axis 1 splits each piece that axis 0 left (OneFlow's and DTensor's order). Strin
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
 
 REDUCE_OPS = ("sum", "max", "min")
 
@@ -58,7 +58,7 @@ class Partial:
         return "P" if self.op == "sum" else f"P({self.op})"
 
 
-SbpParallel = Union[Split, Broadcast, Partial]
+SbpParallel = Split | Broadcast | Partial
 NdSbp = tuple  # tuple[SbpParallel, ...], one entry per mesh axis
 
 B = Broadcast()
@@ -101,7 +101,7 @@ def parse_sbp(text: str) -> NdSbp:
     return tuple(out)
 
 
-def as_nd_sbp(sbp: Union[str, SbpParallel, Iterable[SbpParallel]], mesh_ndim: int,
+def as_nd_sbp(sbp: str | SbpParallel | Iterable[SbpParallel], mesh_ndim: int,
               tensor_ndim: int | None = None, what: str = "tensor") -> NdSbp:
     """Normalise user input to an n-D SBP tuple of length ``mesh_ndim``.
 

@@ -10,9 +10,10 @@ signature is always added. That local-shape check is what rejects products that 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
