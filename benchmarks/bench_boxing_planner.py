@@ -66,7 +66,7 @@ def main() -> None:
 
     warm = [timed(lambda a=a, b=b: plan_boxing(SHAPE, a, b, MESH)) for a, b in PAIRS]
     summary("warm plan_boxing (all pairs)", warm)
-    cl = sl.Cluster.cpu_box()
+    cl = sl.Hardware.cpu_box()
     warm_route = [timed(lambda a=a, b=b: find_route(SHAPE, a, b, MESH.shape, 4, cl)) for a, b in PAIRS]
     summary("warm route lookup only (all pairs)", warm_route)
     steps = [len(plan_boxing(SHAPE, a, b, MESH).steps) for a, b in PAIRS]

@@ -17,7 +17,7 @@ import time
 import torch
 
 from sbplab.compiler import Adam, add_backward, deduce, from_torch, lower, presets
-from sbplab.compiler.memory import memory_report
+from sbplab.compiler.physical.memory import memory_report
 from sbplab.models import GPT, GPTConfig
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from . import models, ops  # importing ops registers every op
 from .boxing import BoxingPlan, plan_boxing
-from .cluster import Cluster
 from .compiler import (
     SGD,
     Adam,
@@ -32,13 +31,16 @@ from .eager import (
     explain,
     explain_log,
     from_local,
-    set_default_cluster,
+    set_default_hardware,
     tensor,
 )
+from .hardware import Hardware
 from .layout import assemble, balanced_sizes, local_block, local_shape, random_shards, shard, split_range
 from .placement import Placement
 from .runtime import LocalCluster
 from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
+from .search import search
+from .sim import simulate
 from .viz import compare_timelines, layout_picture, timeline, type_string
 
 __all__ = [
@@ -46,11 +48,11 @@ __all__ = [
     "B", "Broadcast", "P", "Partial", "Placement", "S", "Split", "fmt_sbp", "parse_sbp",
     "assemble", "balanced_sizes", "local_block", "local_shape", "random_shards", "shard", "split_range",
     # eager global tensors and boxing
-    "BoxingPlan", "Cluster", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",
-    "from_local", "plan_boxing", "set_default_cluster", "tensor", "ops",
+    "BoxingPlan", "Hardware", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",
+    "from_local", "plan_boxing", "set_default_hardware", "tensor", "ops",
     # compiler
     "Adam", "AdamW", "Compiled", "GraphBuilder", "SGD", "Strategy", "compile", "compile_graph",
     "from_torch", "models", "presets",
     # runtime and pictures
-    "LocalCluster", "compare_timelines", "layout_picture", "timeline", "type_string",
+    "LocalCluster", "compare_timelines", "layout_picture", "search", "simulate", "timeline", "type_string",
 ]

@@ -17,9 +17,10 @@ import time
 import torch
 
 import sbplab as sl
-from sbplab.compiler.reference import torch_steps
-from sbplab.models import GPT, GPTConfig
-from sbplab.report import LossCheck, write_report
+
+from .compiler.reference import torch_steps
+from .models import GPT, GPTConfig
+from .report import LossCheck, write_report
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,9 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     t_compile = time.perf_counter() - t0
     ref_losses, _ = torch_steps(model, (idx,), targets, GPT.loss_fn, optimizer, args.steps)
 
-    feeds = dict(zip(compiled.graph.inputs, (idx, targets)))
-    with sl.LocalCluster(4) as cluster:
-        result = cluster.run(compiled, feeds, steps=args.steps)
+    with sl.LocalCluster(4) as cluster:  # inputs in the order of compiled.graph.inputs: the model's, then the target
+        result = cluster.run(compiled, (idx, targets), steps=args.steps)
     check = LossCheck(result.losses, ref_losses)
     path = write_report(args.report, compiled, result, check,
                         title=f"GPT ({args.layers} layers, width {args.width}) under {strategy.name} on 4 CPU ranks")

@@ -16,6 +16,14 @@ from .sbp import Broadcast, NdSbp, Partial, Split, fmt_sbp
 Block = tuple[tuple[int, int], ...]  # per tensor dim: [start, stop)
 
 
+def numel(shape: Sequence[int]) -> int:
+    """Elements in a tensor of ``shape`` (1 for a scalar), without making the tensor."""
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def balanced_sizes(n: int, parts: int) -> list[int]:
     """OneFlow's balanced splitter: the first ``n % parts`` parts get one element more."""
     q, r = divmod(n, parts)

@@ -131,7 +131,7 @@ def test_cross_choice_equals_brute_force(src, dst):
     """The branch and bound over (X, Y) finds the minimum of all box-move-box plans."""
     shape = (6, 4)
     src_pl, dst_pl = sl.Placement("cpu", [[0, 1], [2, 3]]), sl.Placement("cpu", [3, 4])
-    cl = sl.Cluster.cpu_box()
+    cl = sl.Hardware.cpu_box()
     a, b = sl.parse_sbp(src), sl.parse_sbp(dst)
     ops = partial_ops(a, b)
     fr = routes_from(shape, a, src_pl.shape, ITEM, cl, ops)

@@ -41,7 +41,7 @@ def test_dst_placement_errors_name_dst():
     (dict(placement=[[0, 1], [2, 3]]), TypeError, "placement must be an sl.Placement"),
     (dict(dst_placement="cpu"), TypeError, "dst_placement must be an sl.Placement or None"),
     (dict(dtype="float32"), TypeError, r"dtype must be a torch.dtype such as torch.float32"),
-    (dict(cluster="h100"), TypeError, "cluster must be an sl.Cluster or None"),
+    (dict(hardware="h100"), TypeError, "hardware must be an sl.Hardware or None"),
 ])
 def test_argument_errors(kwargs, exc, match):
     args = dict(shape=(4, 4), src_sbp="S(0), B", dst_sbp="B, B", placement=MESH)
@@ -65,7 +65,7 @@ def test_step_validation():
     kw = dict(mesh_axis=0, src_sbp=(B,), dst_sbp=(B,), placement=sl.Placement("cpu", 2), groups=(),
               bytes_sent={}, bytes_recv={}, time_s=0.0, why="")
     with pytest.raises(ValueError, match="kind must be one of"):
-        BoxingStep(kind="broadcast", **kw)
+        BoxingStep(kind="teleport", **kw)
     with pytest.raises(ValueError, match="needs src_placement"):
         BoxingStep(kind="send_recv", **kw)
     with pytest.raises(ValueError, match="time_s must be >= 0"):

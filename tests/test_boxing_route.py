@@ -19,7 +19,7 @@ def _add(a, b):
     return tuple(x + y for x, y in zip(a, b))
 
 
-def _graph(shape, pl, entries, cluster):
+def _graph(shape, pl, entries, hardware):
     """Every layout the tensor can have and every one-axis step between two of them."""
     states = []
     for s in itertools.product(entries, repeat=pl.ndim):
@@ -36,7 +36,7 @@ def _graph(shape, pl, entries, cluster):
                 v = u[:axis] + (x,) + u[axis + 1:]
                 if v == u or v not in ok:
                     continue
-                c = edge_cost(shape, pl.shape, u, axis, x, 4, cluster)
+                c = edge_cost(shape, pl.shape, u, axis, x, 4, hardware)
                 if c is not None:
                     edges.append((u, v, (c.ticks, sum(c.sent), 1)))
     return states, edges
@@ -69,9 +69,9 @@ CASES = [
 
 @pytest.mark.parametrize("name,shape,ranks,entries,cl,every", CASES, ids=[c[0] for c in CASES])
 def test_route_cost_equals_brute_force(name, shape, ranks, entries, cl, every):
-    cluster = sl.Cluster.cpu_box() if cl == "cpu_box" else sl.Cluster.h100_ib(2)
+    hardware = sl.Hardware.cpu_box() if cl == "cpu_box" else sl.Hardware.h100_ib(2)
     pl = sl.Placement("cpu", ranks)
-    states, edges = _graph(shape, pl, entries, cluster)
+    states, edges = _graph(shape, pl, entries, hardware)
     ops = {x.op for x in entries if isinstance(x, Partial)}
     checked = 0
     for src in states[::every]:
@@ -80,12 +80,12 @@ def test_route_cost_equals_brute_force(name, shape, ranks, entries, cl, every):
         for dst in states:
             if {x.op for x in src + dst if isinstance(x, Partial)} - ops - {"sum"}:
                 continue
-            route = find_route(shape, src, dst, pl.shape, 4, cluster)
+            route = find_route(shape, src, dst, pl.shape, 4, hardware)
             assert route.key == dist[dst], (src, dst)
-            plan = plan_boxing(shape, src, dst, pl, cluster=cluster)
+            plan = plan_boxing(shape, src, dst, pl, hardware=hardware)
             assert plan.total_bytes == dist[dst][1]
             assert len(plan.steps) == dist[dst][2]
-            assert plan.time_s == pytest.approx(dist[dst][0] / time_scale(cluster), rel=1e-12, abs=1e-15)
+            assert plan.time_s == pytest.approx(dist[dst][0] / time_scale(hardware), rel=1e-12, abs=1e-15)
             checked += 1
     assert checked >= len(states)
 
@@ -112,14 +112,14 @@ def test_routes_are_cached_on_shape_sbps_mesh_and_cluster():
     assert p1.kinds == p2.kinds and p1.total_bytes == p2.total_bytes
     assert p2.steps[0].groups != p1.steps[0].groups  # but the steps name the real ranks
     assert p2.steps[-1].axis_text() in ("dp", "tp")
-    plan_boxing((8, 8), "S(0), S(1)", "B, B", a, cluster=sl.Cluster.h100_node())
+    plan_boxing((8, 8), "S(0), S(1)", "B, B", a, hardware=sl.Hardware.h100_node())
     assert find_route.cache_info().misses == 2
 
 
 def test_cluster_changes_the_route():
     """Across slow InfiniBand (axis 0) the planner reduces inside the node first."""
     pl = sl.Placement("cuda", [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]])
-    plan = plan_boxing((64, 64), "P, P", "B, B", pl, cluster=sl.Cluster.h100_ib(2))
+    plan = plan_boxing((64, 64), "P, P", "B, B", pl, hardware=sl.Hardware.h100_ib(2))
     first = plan.steps[0]
     assert first.mesh_axis == 1 and first.kind == "reduce_scatter"
     # across nodes only the 1/8 piece travels

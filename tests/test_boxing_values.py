@@ -73,7 +73,7 @@ def _every_valid_step(shape, pl, entries):
             nxt = state[:axis] + (new,) + state[axis + 1:]
             if not state_ok(shape, pl.shape, nxt):
                 continue
-            c = edge_cost(shape, pl.shape, state, axis, new, 4, sl.Cluster.cpu_box())
+            c = edge_cost(shape, pl.shape, state, axis, new, 4, sl.Hardware.cpu_box())
             if c is not None:
                 yield state, axis, new, nxt
 
@@ -85,7 +85,7 @@ def test_every_valid_single_step_keeps_the_value_2x2(dtype):
     full = _full(shape, 1).to(dtype)  # int64: identities of max/min are finite and must not overflow
     n = 0
     for state, axis, new, nxt in _every_valid_step(shape, pl, [S(0), S(1), B, P, P("max"), P("min")]):
-        (step,) = _axis_steps(shape, state, ((axis, new),), pl, 4, sl.Cluster.cpu_box())
+        (step,) = _axis_steps(shape, state, ((axis, new),), pl, 4, sl.Hardware.cpu_box())
         shards = random_shards(full, pl, state, torch.Generator().manual_seed(n))
         out = run_axis_step(step, shards, shape)
         assert torch.equal(assemble(out, pl, nxt), full), (state, axis, new)
@@ -99,7 +99,7 @@ def test_every_valid_single_step_keeps_the_value_2x2x2():
     full = _full(shape, 2)
     n = 0
     for state, axis, new, nxt in _every_valid_step(shape, pl, [S(0), S(1), B, P, P("max")]):
-        (step,) = _axis_steps(shape, state, ((axis, new),), pl, 4, sl.Cluster.cpu_box())
+        (step,) = _axis_steps(shape, state, ((axis, new),), pl, 4, sl.Hardware.cpu_box())
         out = run_axis_step(step, random_shards(full, pl, state, torch.Generator().manual_seed(n)), shape)
         assert torch.equal(assemble(out, pl, nxt), full), (state, axis, new)
         n += 1

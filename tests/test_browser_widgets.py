@@ -2,8 +2,11 @@
 
 Starts a JupyterLab server on loopback and opens notebooks that show the widgets: in the
 SbpPlayground it clicks an SBP button and checks that the layout and the boxing plan change; in the
-StrategyEditor it picks another preset and checks that the summary is recomputed. Both need the
-kernel to recompute and send state back. Screenshots land in artifacts/browser/.
+StrategyEditor it picks another preset and checks that the summary is recomputed, types values and
+presses Enter (the summary follows; a bad value shows an error beside the last valid result). All
+of it needs the kernel to recompute and send state back. Then every widget is shown in JupyterLab's
+light and dark themes and each piece of text must keep a contrast ratio of at least 4.5 (WCAG AA)
+against what is behind it. Screenshots land in artifacts/browser/.
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ NOTEBOOKS = {
                      "(x,), y = m.example_batch(8)\n"
                      "e = StrategyEditor(m, (x,), y, m.loss_fn, preset='dp', mesh=(4,))\n"
                      "e"),
+    "all.ipynb": ("import sbplab as sl\n"
+                  "from IPython.display import display\n"
+                  "from sbplab.widgets import ModelBuilder, RunPanel, SbpPlayground, StrategyEditor\n"
+                  "b = ModelBuilder('mlp', n_blocks=1)\n"
+                  "e = StrategyEditor(b, preset='dp_tp', mesh=(2, 2))\n"
+                  "e.selected_op = e.ops[0]['name']\n"
+                  "e.choose(e.ops[0]['name'], e.candidates[-1]['signature'])\n"
+                  "p = SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp='S(0), B', target='B, B')\n"
+                  "bad = SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp='S(0), B', target='B, B')\n"
+                  "bad.shape_text = '8, x'\n"
+                  "display(b, e, RunPanel(e, steps=2, backend='in-process'), p, bad)"),
 }
 
 
@@ -66,12 +80,17 @@ def jupyter_lab(tmp_path_factory):
     for name, source in NOTEBOOKS.items():
         (root / name).write_text(json.dumps(_notebook(source)))
     port = _free_port()
+    news = root / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false"}))  # no "get notified about news?" toast over the pictures
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),  # the theme switch stays here
+           "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces")}
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
            "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
            "jupyterlab.NeverCheckForUpdate"]
     log = open(root / "lab.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while True:
@@ -93,7 +112,7 @@ def jupyter_lab(tmp_path_factory):
 
 
 @contextmanager
-def notebook_page(lab_url: str, notebook: str, screenshot: str):
+def notebook_page(lab_url: str, notebook: str, screenshot: str, height: int = 1000):
     """A Chromium page with ``notebook`` open in JupyterLab and every cell run.
 
     On leaving, the page is saved as ``screenshot`` in artifacts/browser/ (or as
@@ -104,7 +123,7 @@ def notebook_page(lab_url: str, notebook: str, screenshot: str):
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": height})
         try:
             workspace = notebook.replace(".", "-")  # a workspace of its own: no tabs restored from another test
             page.goto(f"{lab_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={TOKEN}")
@@ -163,3 +182,88 @@ def test_strategy_editor_recomputes_when_the_preset_changes(jupyter_lab):
         expect(summary).to_contain_text("forward", timeout=10_000)  # Megatron: all-reduce in forward
         expect(page.get_by_test_id("error-message")).to_be_empty()
     assert (SCREENSHOT_DIR / "strategy_editor.png").stat().st_size > 10_000
+
+
+def test_strategy_editor_applies_typed_values_on_enter(jupyter_lab):
+    from playwright.sync_api import expect
+
+    with notebook_page(jupyter_lab, "editor.ipynb", "strategy_editor_enter.png") as page:
+        summary, status = page.get_by_test_id("summary"), page.get_by_test_id("status")
+        error = page.get_by_test_id("error-message")
+        expect(summary).to_contain_text("all_reduce", timeout=90_000)
+        before = summary.inner_text()
+        mesh = page.get_by_test_id("mesh-input")
+        mesh.fill("2")
+        mesh.press("Enter")  # the field keeps the focus: only Enter can have applied it
+        expect(summary).not_to_have_text(before, timeout=60_000)
+        expect(status).to_contain_text("x2", timeout=10_000)
+        assert page.evaluate("document.activeElement.dataset.testid") == "mesh-input"
+        two = summary.inner_text()
+        micro = page.get_by_test_id("micro-batches-input")
+        micro.fill("2")
+        micro.press("Enter")
+        expect(summary).not_to_have_text(two, timeout=60_000)
+        applied = summary.inner_text()
+        mesh.fill("2, x")
+        mesh.press("Enter")
+        expect(error).to_contain_text("'x' is not a whole number", timeout=60_000)
+        expect(status).to_contain_text("showing the last valid result", timeout=10_000)
+        assert summary.inner_text() == applied  # the last valid result stays beside the error
+        expect(page.get_by_test_id("memory-table").locator("tr")).not_to_have_count(0)
+        assert page.get_by_test_id("physical-graph").inner_html() != ""
+
+
+# WCAG relative luminance and contrast; colours are composited over what is behind them (alpha too)
+CONTRAST_JS = """(root) => {
+  const rgba = (c) => { const v = c.match(/[\\d.]+/g).map(Number); return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1]; };
+  const over = (top, below) => [0, 1, 2].map((i) => top[i] * top[3] + below[i] * (1 - top[3])).concat([1]);
+  const behind = (el) => {
+    const layers = [];
+    for (let n = el; n; n = n.parentElement) {
+      const c = rgba(getComputedStyle(n).backgroundColor);
+      if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    return layers.reverse().reduce((below, c) => over(c, below), [255, 255, 255, 1]);
+  };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const out = [];
+  for (const el of root.querySelectorAll("*")) {
+    if (el.closest("svg") || el.closest("option") || el.disabled || !el.getClientRects().length) continue;
+    const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!own && !["INPUT", "SELECT"].includes(el.tagName)) continue;
+    const bg = behind(el), fg = over(rgba(getComputedStyle(el).color), bg);
+    const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+    out.push({ text: (el.innerText || el.value || "").slice(0, 40), tag: el.tagName, cls: el.className,
+               ratio: (hi + 0.05) / (lo + 0.05), color: getComputedStyle(el).color, bg: bg.join(",") });
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
+def test_widgets_are_readable_in_light_and_dark_themes(jupyter_lab, theme):
+    from playwright.sync_api import expect
+
+    light = theme.endswith("Light")
+    shot = f"all_widgets_{'light' if light else 'dark'}.png"
+    with notebook_page(jupyter_lab, "all.ipynb", shot, height=1600) as page:
+        expect(page.locator(".sbplab-widget")).to_have_count(5, timeout=90_000)
+        expect(page.get_by_test_id("summary")).to_contain_text("all_reduce", timeout=90_000)
+        expect(page.get_by_test_id("error-message").last).to_contain_text("'x' is not a whole number")
+        page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
+        page.wait_for_function(f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=30_000)
+        page.wait_for_timeout(500)  # the theme's variables apply on the next frame
+        checked, weak = 0, []
+        for root in page.locator(".sbplab-widget").all():
+            for r in root.evaluate(CONTRAST_JS):
+                checked += 1
+                if r["ratio"] < 4.5:
+                    weak.append(r)
+        assert checked > 100, checked
+        assert not weak, f"{len(weak)} of {checked} texts below 4.5:1 in {theme}: {weak[:8]}"
+        for cls, name in ((".sbplab-mb", "model_builder"), (".sbplab-se", "strategy_editor"),
+                          (".sbplab-rp", "run_panel"), (".sbplab-pg >> nth=1", "sbp_playground_error")):
+            page.locator(cls).evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SCREENSHOT_DIR / f"{name}_{shot.split('_')[-1]}"))
+    assert (SCREENSHOT_DIR / shot).stat().st_size > 10_000

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from sbplab.boxing import plan_boxing
-from sbplab.cluster import Cluster
 from sbplab.compiler import SGD, Strategy, compile, presets
-from sbplab.compiler.memo import PLANS, SCORES, Memo
-from sbplab.compiler.presets import as_mesh
-from sbplab.compiler.ranking import options
+from sbplab.compiler.deduction.caches import PLANS, SCORES, Memo
+from sbplab.compiler.deduction.presets import as_mesh
+from sbplab.compiler.deduction.ranking import options
+from sbplab.compiler.deduction.signature_hints import SignatureError, escape, parse_signature
+from sbplab.compiler.deduction.strategy import HintError
 from sbplab.compiler.reference import compare
-from sbplab.compiler.signature_hints import SignatureError, escape, parse_signature
-from sbplab.compiler.strategy import HintError
+from sbplab.hardware import Hardware
 from sbplab.models import GPT, MLP, GPTConfig, MLPConfig
 from sbplab.ops.registry import NdSignature, TensorMeta, nd_signatures
 from sbplab.sbp import B, P, S
@@ -193,11 +193,11 @@ def test_caches_are_shared_keyed_by_cluster_and_bounded(mlp):
     again = _compile(mlp, st)
     assert (PLANS.misses, SCORES.misses) == misses  # nothing planned or scored twice
     assert [b.plan for b in again.deduction.boxings] == [b.plan for b in first.deduction.boxings]
-    slow = Cluster("slow", (1e6,), (1e-3,), 1e6, 1e-3, 1e9, 1e9)
+    slow = Hardware("slow", (1e6,), (1e-3,), 1e6, 1e-3, 1e9, 1e9)
     m, xs, y = mlp
-    c = compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=OPT, strategy=st, cluster=slow)
-    assert c.deduction.boxings and all(b.plan.cluster == slow for b in c.deduction.boxings)
-    assert all(b.plan.cluster != slow for b in first.deduction.boxings)
+    c = compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=OPT, strategy=st, hardware=slow)
+    assert c.deduction.boxings and all(b.plan.hardware == slow for b in c.deduction.boxings)
+    assert all(b.plan.hardware != slow for b in first.deduction.boxings)
     memo = Memo("t", 2)
     memo.put("a", 1), memo.put("b", 2)
     assert memo.get("a") == 1  # "b" is now the least recently used

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sbplab.compiler import SGD, Adam, HintError, Strategy, compile, presets
-from sbplab.compiler.presets import as_mesh
+from sbplab.compiler.deduction.presets import as_mesh
 from sbplab.models import GPT, MLP, GPTConfig, MLPConfig
 from sbplab.sbp import B, P, S
 
@@ -161,7 +161,7 @@ def test_zero_cost_shortcut_agrees_with_the_planner(shape):
     import itertools
 
     from sbplab.boxing import plan_boxing
-    from sbplab.compiler.deduce import is_local_change
+    from sbplab.compiler.deduction.deduce import is_local_change
 
     mesh = as_mesh(shape)
     states = list(itertools.product([B, P, S(0), S(1)], repeat=len(shape)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from sbplab.compiler import SGD, Adam, Strategy, presets
-from sbplab.compiler.presets import as_mesh
+from sbplab.compiler.deduction.presets import as_mesh
 from sbplab.compiler.reference import compare
 from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
 

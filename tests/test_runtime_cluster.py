@@ -58,10 +58,11 @@ def test_data_parallel_linear_matches_single_device(cluster, n, micro):
     ref_losses, ref_w = reference_mlp_steps([w0], batches, 0.1, 3)
     assert res.losses == pytest.approx(ref_losses, rel=1e-5)
     assert torch.allclose(res.params["w"].full(), ref_w[0], atol=1e-6)
-    # one all-reduce per step and rank, of the (6, 3) gradient: ring bytes 2T(p-1)/p
+    # one all-reduce per step and rank, of the (6, 3) gradient: ring bytes 2T - c[i] - c[i+1] (2T(p-1)/p)
     ars = trace_ars = res.trace.select(actor="ar")
     assert len(ars) == 3 * n and {e.rank for e in trace_ars} == set(range(n))
-    assert all(e.bytes == 2 * 6 * 3 * 4 * (n - 1) // n for e in ars)
+    c = balanced_sizes(18, n)
+    assert all(e.bytes == (36 - c[e.rank] - c[(e.rank + 1) % n]) * 4 for e in ars)
 
 
 @pytest.mark.parametrize("stages,ms", [(2, [4, 0]), (4, [1, 5, 2, 8])])

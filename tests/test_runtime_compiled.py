@@ -11,7 +11,6 @@ import torch
 from sbplab.compiler import SGD, Adam, compile, presets
 from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
 from sbplab.runtime import Collective, LocalCluster, Recv, Send
-from sbplab.runtime.lower import lower_to_actors
 
 pytestmark = pytest.mark.multiprocess
 STEPS = 3
@@ -75,9 +74,10 @@ def test_compiled_step_on_workers_matches_executor_and_torch(cluster, kind, labe
     feeds = dict(zip(comp.graph.inputs, list(xs) + [y]))
     ex = comp.executor()
     ex_losses = [ex.step(feeds) for _ in range(STEPS)]
-    plan = lower_to_actors(comp.physical, comp.graph, world_size=4, name=f"{kind}-{label}")
-    # a compiled step can be handed to run as it is (lowered there); the plan is the same
-    res = cluster.run(comp if label == "dp2" else plan, feeds, steps=STEPS, progress=False)
+    plan = comp.plan(world_size=4)
+    # a compiled step can be handed to run as it is, with the inputs in graph order; the plan is the same
+    res = cluster.run(comp, (*xs, y), steps=STEPS, progress=False) if label in ("dp2", "dp_tp_2x2") else \
+        cluster.run(plan, feeds, steps=STEPS, progress=False)
     assert res.losses == pytest.approx(ex_losses, rel=1e-5, abs=1e-6)
     for name, value in ex.params().items():
         assert torch.allclose(res.params[name].full(), value, atol=1e-5), name
@@ -100,7 +100,7 @@ def test_the_compilers_own_collective_order_runs_too(cluster, strategy):
     feeds = dict(zip(comp.graph.inputs, list(xs) + [y]))
     ex = comp.executor()
     ex_losses = [ex.step(feeds) for _ in range(2)]
-    plan = lower_to_actors(comp.physical, comp.graph, world_size=4, order="compiler", registers=1)
+    plan = comp.plan(world_size=4, order="compiler", registers=1)
     # every rank issues its communication in the physical graph's order, micro-batch by micro-batch
     first = [s for s in plan.comm_order if s.rank == 0][:3]
     assert [s.micro for s in first] == sorted(s.micro for s in first)

@@ -29,9 +29,9 @@ from sbplab.runtime import (
     Trace,
     TraceEvent,
 )
+from sbplab.runtime.actor_plan import channel_of, match_key
 from sbplab.runtime.examples import data_parallel_linear, pipeline_mlp
 from sbplab.runtime.firing import FiringGraph
-from sbplab.runtime.plan import channel_of, match_key
 from sbplab.runtime.results import cut_feeds
 from sbplab.runtime.schedule import derive_comm_order
 from sbplab.runtime.trace import _pack_rows

@@ -28,17 +28,21 @@ def _torchrun() -> list[str]:
     return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def test_two_torchrun_launches_form_one_cluster_and_run_a_dp_step():
-    token = "not-a-real-secret"
-    cluster = LocalCluster(2, launch="external", token=token)
+def test_two_torchrun_launches_form_one_cluster_and_run_a_dp_step(tmp_path):
+    """Node 0 gets the cluster's random token from $SBPLAB_TOKEN, node 1 from a private token file."""
+    cluster = LocalCluster(2, launch="external")
     host, port = cluster.address
     master = free_port()
-    env = {**os.environ, "SBPLAB_TOKEN": token}
+    token_file = tmp_path / "token"
+    token_file.write_text(cluster.token)
+    token_file.chmod(0o600)
+    plain = {k: v for k, v in os.environ.items() if k != "SBPLAB_TOKEN"}
+    how = [({**plain, "SBPLAB_TOKEN": cluster.token}, []), (plain, ["--token-file", str(token_file)])]
     procs = [subprocess.Popen(_torchrun() + ["--nnodes=2", "--nproc-per-node=1", f"--node-rank={i}",
                                              "--master-addr=127.0.0.1", f"--master-port={master}",
-                                             "-m", "sbplab.worker", "--driver", f"{host}:{port}"],
+                                             "-m", "sbplab.worker", "--driver", f"{host}:{port}", *extra],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i in (0, 1)]
+             for i, (env, extra) in enumerate(how)]
     try:
         with pytest.raises(AuthenticationError):  # a stranger without the token is turned away
             Client(cluster.address, authkey=b"wrong token")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sbplab.compiler import add_backward, from_torch, presets
-from sbplab.compiler.deduce import deduce
-from sbplab.compiler.lower import lower
-from sbplab.compiler.memory import memory_report
+from sbplab.compiler.deduction.deduce import deduce
+from sbplab.compiler.physical.expand import lower
+from sbplab.compiler.physical.memory import memory_report
 from sbplab.models import MLP, MLPConfig
 from sbplab.viz.charts import comm_by_rank, comm_chart, comm_rows, comm_table, memory_chart, memory_parts
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import sbplab as sl
-from sbplab.compiler.autodiff import add_backward
-from sbplab.compiler.fx_frontend import from_torch
+from sbplab.compiler.frontend.from_torch import from_torch
+from sbplab.compiler.training.autodiff import add_backward
 from sbplab.models import MLP, MLPConfig
 from sbplab.sbp import fmt_sbp
 from sbplab.viz import layout_picture
@@ -198,7 +198,7 @@ def test_dot_quoting_and_rendering():
 
 def test_deduced_graph_shows_sbp_and_boxing_nodes():
     from sbplab.compiler import presets
-    from sbplab.compiler.deduce import deduce
+    from sbplab.compiler.deduction.deduce import deduce
 
     g = mlp_graph(2)
     d = deduce(g, presets.dp_tp([2, 2]))

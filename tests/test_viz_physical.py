@@ -7,8 +7,8 @@ import re
 import pytest
 
 from sbplab.compiler import add_backward, from_torch, presets
-from sbplab.compiler.deduce import deduce
-from sbplab.compiler.lower import lower
+from sbplab.compiler.deduction.deduce import deduce
+from sbplab.compiler.physical.expand import lower
 from sbplab.models import MLP, MLPConfig
 from sbplab.sbp import fmt_sbp
 from sbplab.viz.dot import dot_available

@@ -52,13 +52,15 @@ def test_sizes_change_the_model_and_repeats_collapse():
 def test_bad_sizes_are_messages_and_keep_the_last_good_model():
     w = ModelBuilder("gpt", n_layer=1, n_embd=16, n_head=2, vocab_size=16, block_size=4)
     good, v = w.model, w.version
+    shown = (w.summary, w.graph_svg, w.graph_text)
+    assert not w.stale and w.graph_text
     w.set_size("n_head", 3)
     assert w.error == "n_head (3) must divide n_embd (16)" and w.model is good and w.version == v
-    assert w.graph_svg == "" and w.graph_text == ""
+    assert w.stale and (w.summary, w.graph_svg, w.graph_text) == shown  # the last good model stays on the page
     w.set_size("n_head", "x")
     assert w.error == "gpt config n_head: 'x' is not a whole number"
     w.set_state({"config": {**w.config, "n_head": 4}})  # the page sends a whole config dict
-    assert w.error == "" and w.version == v + 1
+    assert w.error == "" and w.version == v + 1 and not w.stale
     w.config = {**w.config, "depth": 3}
     assert "gpt config has no field 'depth'" in w.error and "n_layer" in w.error
     w.config = {k: v for k, v in w.config.items() if k != "depth"}

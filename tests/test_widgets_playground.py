@@ -146,18 +146,73 @@ def test_global_tensor_dtype_reaches_picture():
     assert pic.local_types() == ["bf16[4,2]"]
 
 
-def test_every_widget_module_gets_the_shared_helpers_once():
-    """Each front end is dom.js + its own module (a name declared twice would break it in the page),
-    and base.css + its own CSS, whose shared rules apply through the .sbplab-widget class."""
+WIDGET_FILES = ("sbp_playground", "model_builder", "strategy_editor", "run_panel")
+
+
+def test_esm_and_css_are_the_files_and_the_shared_helpers_travel_as_traits():
+    """Each widget's module and CSS are its own files (anywidget watches those in development mode);
+    dom.js and base.css are written once and reach every widget as the traits it imports them from."""
     import re
 
-    from sbplab.widgets._assets import widget_module, widget_style
+    from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor
+    from sbplab.widgets._assets import shared_module, shared_style, widget_module
+    from sbplab.widgets.widget_base import SbplabWidget
 
-    for name in ("sbp_playground", "model_builder", "strategy_editor", "run_panel"):
-        css = widget_style(f"{name}.css")
-        assert css.count(".sbplab-widget {") == 1 and "sbplab-widget" in widget_module(f"{name}.js")
-    for name in ("sbp_playground.js", "model_builder.js", "strategy_editor.js", "run_panel.js"):
-        src = widget_module(name)
-        top = re.findall(r"^(?:export )?(?:function|const|let|class) (\w+)", src, flags=re.M)
-        assert len(top) == len(set(top)), f"{name}: declared twice: {[n for n in top if top.count(n) > 1]}"
-        assert "function h(" in src and "function redrawOn(" in src and "export default" in src
+    dom, base = shared_module().read_text(), shared_style().read_text()
+    exported = set(re.findall(r"^export function (\w+)", dom, flags=re.M))
+    assert {"h", "fmtBytes", "redrawOn", "onEnter", "onEnterOrChange", "showValue", "useBaseCss"} <= exported
+    assert base.count(".sbplab-widget {") == 1
+    for cls, name in ((SbpPlayground, "sbp_playground"), (ModelBuilder, "model_builder"),
+                      (StrategyEditor, "strategy_editor"), (RunPanel, "run_panel")):
+        assert issubclass(cls, SbplabWidget), cls
+        assert cls._esm._path == asset_path(f"{name}.js").resolve()  # anywidget's FileContents of the path
+        assert cls._css._path == asset_path(f"{name}.css").resolve()
+        assert cls._dom_js.default_value == dom and cls._base_css.default_value == base
+    w = SbpPlayground()
+    assert w._dom_js == dom and w._base_css == base and w._esm == asset_path("sbp_playground.js").read_text()
+    assert {"_dom_js", "_base_css", "_esm", "_css"} <= set(w.get_state())
+    for name in WIDGET_FILES:
+        src = widget_module(f"{name}.js").read_text()
+        # the helpers come from dom.js, not from a copy: a second definition would drift from it
+        assert not re.search(r"^(?:export )?function (?:h|redrawOn|fmtBytes|onEnterOrChange)\(", src, flags=re.M)
+        assert 'model.get("_dom_js")' in src and "export default { initialize, render }" in src
+    with pytest.raises(ValueError, match="give a widget's own .js file"):
+        widget_module("dom.js")
+
+
+def test_widget_styles_use_only_the_themes_colours():
+    """Light and dark JupyterLab themes both stay readable: no colour is written into the CSS or JS;
+    every colour is one of JupyterLab's variables (--jp-...)."""
+    import re
+
+    for name in (*WIDGET_FILES, "base", "dom"):
+        for ext in ("css", "js"):
+            path = asset_path(f"{name}.{ext}") if (name, ext) not in (("base", "js"), ("dom", "css")) else None
+            if path is None:
+                continue
+            text = path.read_text()
+            assert not re.search(r"#[0-9a-fA-F]{3,8}\b|\brgba?\(|\bhsla?\(", text), path.name
+            for var in re.findall(r"var\((--[\w-]+)", text):
+                assert var.startswith("--jp-"), (path.name, var)
+            if ext == "css":  # named colours too: each colour-bearing declaration names a theme variable
+                for prop, value in re.findall(r"([\w-]*(?:color|background|border|outline|shadow)[\w-]*)\s*:\s*([^;}]+)",
+                                              re.sub(r"/\*.*?\*/", "", text, flags=re.S)):
+                    if prop in ("border-collapse", "border-radius"):
+                        continue
+                    colourless = re.fullmatch(r"\s*(none|inherit|transparent|currentColor|[\d.]+px)\s*", value)
+                    assert colourless or "var(--jp-" in value, (path.name, prop, value)
+
+
+def test_a_saved_shared_file_reaches_live_widgets():
+    """Development mode: an edited dom.js is re-sent and the widget's module re-sent with a marker (so
+    anywidget's hot reload runs it again); an edited base.css is re-sent as it is."""
+    from sbplab.widgets import widget_base
+
+    w = SbpPlayground()
+    own = asset_path("sbp_playground.js").read_text()
+    widget_base._dom_js_saved("export function h() {}\n")
+    assert w._dom_js == "export function h() {}\n" and w._esm.startswith(own) and "dom.js reloaded" in w._esm
+    widget_base._base_css_saved(".sbplab-widget { color: var(--jp-ui-font-color0); }")
+    assert w._base_css == ".sbplab-widget { color: var(--jp-ui-font-color0); }"
+    fresh = SbpPlayground()  # the next widget starts from the files again
+    assert fresh._dom_js == asset_path("dom.js").read_text() and fresh._esm == own

@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("anywidget")
 
 from sbplab.compiler import SGD, compile, deduce, presets  # noqa: E402
-from sbplab.compiler.ranking import options  # noqa: E402
+from sbplab.compiler.deduction.ranking import options  # noqa: E402
+from sbplab.compiler.deduction.signature_hints import escape  # noqa: E402
 from sbplab.compiler.reference import torch_steps  # noqa: E402
-from sbplab.compiler.signature_hints import escape  # noqa: E402
 from sbplab.viz import physical_dot  # noqa: E402
 from sbplab.widgets import ModelBuilder, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
@@ -124,11 +124,15 @@ def test_choosing_a_signature_by_hand_changes_the_plan_and_still_trains_right(bu
 
 def test_bad_choices_are_messages_not_tracebacks(builder):
     e = StrategyEditor(builder, preset="tp", mesh="2")
+    shown = (e.ops, e.graph_svg, e.memory_rows, e.summary, e.strategy_name)
+    assert not e.stale and e.graph_svg
     e.choose("blocks.0.fc1", "(S(9),) -> P")
     assert "op 'blocks.0.fc1' (linear) has no signature '(S(9),) -> P'" in e.error and "valid: (B), (B)" in e.error
-    assert e.compiled is None and e.ops == [] and e.graph_svg == "" and e.memory_rows == []
+    # nothing compiles for these settings, but the page keeps the last valid result beside the error
+    assert e.compiled is None and e.stale
+    assert (e.ops, e.graph_svg, e.memory_rows, e.summary, e.strategy_name) == shown
     e.choices = {}
-    assert e.error == "" and e.compiled is not None
+    assert e.error == "" and e.compiled is not None and not e.stale
     # Megatron pins fc1's weight to S(0): a signature reading it as B contradicts the preset
     e.selected_op = "blocks.0.fc1"
     assert e.candidates[0]["chosen"] and e.candidates[0]["best"] and not e.candidates[0]["blocked"]
@@ -269,6 +273,7 @@ def test_follows_the_model_builder_and_the_page():
                 "memory-chart", "comm-chart", "error-message", "hint-add", "graph-ranks"):
         assert f'"{tid}"' in js
     assert "`op-row-${op.name}`" in js and "`signature-${i}`" in js
-    assert ".sig-choice.selected" in asset_path("strategy_editor.css").read_text()
+    assert ".sig-choice" in asset_path("strategy_editor.css").read_text()
+    assert "button.selected" in asset_path("base.css").read_text()  # a chosen signature, as every pressed button
     with pytest.raises(TypeError, match="needs an example batch"):
         StrategyEditor(b.module)

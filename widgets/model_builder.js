@@ -4,18 +4,29 @@
 
 const DERIVED = [
   "mode", "zoo_model", "config", "batch", "in_features", "layers", "collapse", "zoo_names", "layer_kinds",
-  "config_fields", "layer_names", "summary", "graph_svg", "graph_text", "graph_note", "error",
+  "config_fields", "layer_names", "summary", "graph_svg", "graph_text", "graph_note", "error", "stale",
 ];
 
-function field(label, control) {
-  return h("label", { class: "mb-field" }, h("span", { text: label }), control);
+// The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
+// once per model; sbplab/widgets/widget_base.py says why (one ES module per widget, no bundler).
+let h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue;
+
+async function initialize({ model }) {
+  const url = URL.createObjectURL(new Blob([model.get("_dom_js")], { type: "text/javascript" }));
+  const dom = await import(url);
+  URL.revokeObjectURL(url);
+  ({ h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue } = dom);
+  dom.useBaseCss(model);
 }
 
-function numberInput(testid, value, onCommit) {
+function field(label, control) {
+  return h("label", { class: "mb-field" }, h("span", { class: "sbplab-label", text: label }), control);
+}
+
+/** A whole-number field that applies on Enter or on leaving it. */
+function numberInput(testid, onCommit) {
   const input = h("input", { type: "number", min: "1", step: "1", "data-testid": testid });
-  input.value = String(value);
-  input.addEventListener("change", () => onCommit(Number(input.value)));
-  return input;
+  return onEnterOrChange(input, (v) => onCommit(Number(v)));
 }
 
 function render({ model, el }) {
@@ -27,7 +38,8 @@ function render({ model, el }) {
   modeSel.addEventListener("change", () => commit("mode", modeSel.value));
   const zooSel = h("select", { "data-testid": "zoo-select", "aria-label": "zoo model" });
   zooSel.addEventListener("change", () => commit("zoo_model", zooSel.value));
-  const batchBox = h("span");
+  const batchIn = numberInput("batch-input", (v) => commit("batch", v));
+  const inFeaturesIn = numberInput("in-features-input", (v) => commit("in_features", v));
   const collapseBox = h("input", { type: "checkbox", "data-testid": "collapse-toggle" });
   collapseBox.addEventListener("change", () => commit("collapse", collapseBox.checked));
 
@@ -36,51 +48,61 @@ function render({ model, el }) {
   const addKind = h("select", { "data-testid": "add-kind", "aria-label": "layer kind" });
   const addSize = h("input", { type: "number", min: "1", value: "32", "data-testid": "add-size" });
   const addBtn = h("button", { type: "button", "data-testid": "add-layer", text: "add layer" });
-  addBtn.addEventListener("click", () => {
+  const addLayer = () => {
     const layer = addKind.value === "Linear" ? { kind: "Linear", size: Number(addSize.value) } : { kind: addKind.value };
     commit("layers", [...(model.get("layers") || []), layer]);
-  });
-  const inBox = h("span");
-  const layersPanel = h("div", { class: "mb-layers-panel" }, inBox, layerList,
+  };
+  addBtn.addEventListener("click", addLayer);
+  onEnter(addSize, addLayer);  // Enter in the size field adds the layer, like the button
+  const layersPanel = h("div", { class: "mb-layers-panel" }, field("input features", inFeaturesIn), layerList,
     h("div", { class: "mb-add" }, addKind, addSize, addBtn));
 
-  const error = h("div", { class: "mb-error", "data-testid": "error-message", role: "alert" });
+  const error = h("div", { class: "mb-error sbplab-error", "data-testid": "error-message", role: "alert" });
+  const staleNote = h("div", { class: "sbplab-status", "data-testid": "stale-note",
+    text: "showing the last model that built; fix the error above to rebuild" });
   const summary = h("div", { class: "mb-summary", "data-testid": "model-summary" });
   const graph = h("div", { class: "mb-graph", "data-testid": "logical-graph" });
-  const note = h("div", { class: "mb-note", "data-testid": "graph-note" });
+  const note = h("div", { class: "mb-note sbplab-note", "data-testid": "graph-note" });
   const dump = h("pre", { class: "mb-dump", "data-testid": "graph-text" });
   const dumpBox = h("details", {}, h("summary", { text: "graph as text" }), dump);
 
   el.append(
-    h("div", { class: "mb-inputs" }, field("build from", modeSel), field("model", zooSel), batchBox,
+    h("div", { class: "mb-inputs" }, field("build from", modeSel), field("model", zooSel), field("batch", batchIn),
       field("collapse repeated layers", collapseBox)),
-    sizes, layersPanel, error, summary, note, graph, dumpBox,
+    sizes, layersPanel, error, staleNote, summary, note, graph, dumpBox,
   );
 
+  let sizesKey = "";  // the fields the size controls were made for: kept while they stay the same
   function drawSizes() {
-    sizes.replaceChildren();
-    for (const f of model.get("config_fields") || []) {
-      let control;
-      const tid = `size-${f.name}`;
-      const set = (v) => commit("config", { ...(model.get("config") || {}), [f.name]: v });
-      if (f.kind === "bool") {
-        control = h("input", { type: "checkbox", "data-testid": tid });
-        control.checked = Boolean(f.value);
-        control.addEventListener("change", () => set(control.checked));
-      } else if (f.choices && f.choices.length) {
-        control = h("select", { "data-testid": tid });
-        for (const c of f.choices) control.append(h("option", { value: c, text: c }));
-        control.value = f.value;
-        control.addEventListener("change", () => set(control.value));
-      } else if (f.kind === "int") {
-        control = numberInput(tid, f.value, set);
-      } else {
-        control = h("input", { type: "text", "data-testid": tid });
-        control.value = String(f.value);
-        control.addEventListener("change", () => set(control.value));
-      }
-      sizes.append(field(f.name, control));
+    const fields = model.get("config_fields") || [];
+    const key = JSON.stringify(fields.map((f) => [f.name, f.kind, f.choices]));
+    if (key !== sizesKey) {
+      sizesKey = key;
+      sizes.replaceChildren(...fields.map((f) => field(f.name, sizeControl(f))));
     }
+    fields.forEach((f, i) => {
+      const control = sizes.children[i].querySelector("input, select");
+      if (control.type === "checkbox") control.checked = Boolean(f.value);
+      else showValue(control, f.value);
+    });
+  }
+
+  function sizeControl(f) {
+    const tid = `size-${f.name}`;
+    const set = (v) => commit("config", { ...(model.get("config") || {}), [f.name]: v });
+    if (f.kind === "bool") {
+      const box = h("input", { type: "checkbox", "data-testid": tid });
+      box.addEventListener("change", () => set(box.checked));
+      return box;
+    }
+    if (f.choices && f.choices.length) {
+      const sel = h("select", { "data-testid": tid });
+      for (const c of f.choices) sel.append(h("option", { value: c, text: c }));
+      sel.addEventListener("change", () => set(sel.value));
+      return sel;
+    }
+    if (f.kind === "int") return numberInput(tid, set);
+    return onEnterOrChange(h("input", { type: "text", "data-testid": tid }), set);
   }
 
   function drawLayers() {
@@ -88,7 +110,7 @@ function render({ model, el }) {
     const names = model.get("layer_names") || [];
     layerList.replaceChildren();
     layers.forEach((layer, i) => {
-      const del = h("button", { type: "button", class: "mb-remove", "data-testid": `remove-layer-${i}`, text: "✕",
+      const del = h("button", { type: "button", class: "mb-remove sbplab-remove", "data-testid": `remove-layer-${i}`, text: "✕",
         title: "remove this layer" });
       del.addEventListener("click", () => commit("layers", layers.filter((_, j) => j !== i)));
       const text = layer.kind === "Linear" ? `Linear → ${layer.size}` : layer.kind;
@@ -104,9 +126,8 @@ function render({ model, el }) {
     zooSel.value = model.get("zoo_model");
     zooSel.disabled = mode !== "zoo";
     addKind.replaceChildren(...(model.get("layer_kinds") || []).map((n) => h("option", { value: n, text: n })));
-    batchBox.replaceChildren(field("batch", numberInput("batch-input", model.get("batch"), (v) => commit("batch", v))));
-    inBox.replaceChildren(field("input features",
-      numberInput("in-features-input", model.get("in_features"), (v) => commit("in_features", v))));
+    showValue(batchIn, model.get("batch"));
+    showValue(inFeaturesIn, model.get("in_features"));
     collapseBox.checked = model.get("collapse");
     sizes.hidden = mode !== "zoo";
     layersPanel.hidden = mode !== "layers";
@@ -114,6 +135,7 @@ function render({ model, el }) {
     drawLayers();
     error.textContent = model.get("error");
     error.hidden = !model.get("error");
+    staleNote.hidden = !model.get("stale");
     summary.textContent = model.get("summary");
     note.textContent = model.get("graph_note");
     note.hidden = !model.get("graph_note");
@@ -125,4 +147,4 @@ function render({ model, el }) {
   return redrawOn(model, DERIVED, draw);
 }
 
-export default { render };
+export default { initialize, render };

@@ -9,8 +9,20 @@ const DERIVED = [
   "error", "tol",
 ];
 
+// The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
+// once per model; sbplab/widgets/widget_base.py says why (one ES module per widget, no bundler).
+let h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue;
+
+async function initialize({ model }) {
+  const url = URL.createObjectURL(new Blob([model.get("_dom_js")], { type: "text/javascript" }));
+  const dom = await import(url);
+  URL.revokeObjectURL(url);
+  ({ h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue } = dom);
+  dom.useBaseCss(model);
+}
+
 function field(label, control) {
-  return h("label", { class: "rp-field" }, h("span", { text: label }), control);
+  return h("label", { class: "rp-field" }, h("span", { class: "sbplab-label", text: label }), control);
 }
 
 const sci = (x) => (x === 0 ? "0" : x.toExponential(2));
@@ -20,16 +32,16 @@ function render({ model, el }) {
   el.classList.add("sbplab-widget", "sbplab-rp");
 
   const stepsIn = h("input", { type: "number", min: "1", "data-testid": "steps-input" });
-  stepsIn.addEventListener("change", () => commit("steps", Number(stepsIn.value)));
+  onEnterOrChange(stepsIn, (v) => commit("steps", Number(v)));
   const backendSel = h("select", { "data-testid": "backend-select" });
   backendSel.addEventListener("change", () => commit("backend", backendSel.value));
   const runBtn = h("button", { type: "button", class: "rp-run", "data-testid": "run-button", text: "run" });
   runBtn.addEventListener("click", () => commit("run_requests", model.get("run_requests") + 1));
   const what = h("div", { class: "rp-what", "data-testid": "strategy" });
   const bar = h("progress", { max: "1", value: "0", "data-testid": "progress" });
-  const status = h("span", { class: "rp-status", "data-testid": "status" });
-  const error = h("div", { class: "rp-error", "data-testid": "error-message", role: "alert" });
-  const note = h("div", { class: "rp-note", "data-testid": "note-message" });
+  const status = h("span", { class: "rp-status sbplab-status", "data-testid": "status" });
+  const error = h("div", { class: "rp-error sbplab-error", "data-testid": "error-message", role: "alert" });
+  const note = h("div", { class: "rp-note sbplab-note", "data-testid": "note-message" });
   const verdict = h("div", { class: "rp-verdict", "data-testid": "check" });
   const losses = h("table", { class: "rp-losses", "data-testid": "loss-table" });
   const timeline = h("div", { class: "rp-timeline", "data-testid": "timeline" });
@@ -40,7 +52,7 @@ function render({ model, el }) {
   );
 
   function draw() {
-    stepsIn.value = String(model.get("steps"));
+    showValue(stepsIn, model.get("steps"));
     backendSel.replaceChildren(...(model.get("backends") || []).map((b) => h("option", { value: b, text: b })));
     backendSel.value = model.get("backend");
     const name = model.get("strategy_name");
@@ -82,4 +94,4 @@ function render({ model, el }) {
   return redrawOn(model, DERIVED, draw);
 }
 
-export default { render };
+export default { initialize, render };

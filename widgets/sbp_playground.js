@@ -10,6 +10,18 @@ const DERIVED = [
 const DTYPES = ["float32", "float16", "bfloat16", "float64"];
 const DEVICES = ["cpu", "cuda"];
 
+// The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
+// once per model; sbplab/widgets/widget_base.py says why (one ES module per widget, no bundler).
+let h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue;
+
+async function initialize({ model }) {
+  const url = URL.createObjectURL(new Blob([model.get("_dom_js")], { type: "text/javascript" }));
+  const dom = await import(url);
+  URL.revokeObjectURL(url);
+  ({ h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue } = dom);
+  dom.useBaseCss(model);
+}
+
 /** "S(0)" -> "S0", "P(max)" -> "Pmax": a test id fragment without brackets. */
 export function token(value) {
   return value.replace(/[()\s]/g, "");
@@ -17,16 +29,15 @@ export function token(value) {
 
 function textInput(testid, label, onCommit) {
   const input = h("input", { "data-testid": testid, type: "text", spellcheck: "false", "aria-label": label });
-  input.addEventListener("change", () => onCommit(input.value));
-  input.addEventListener("keydown", (e) => { if (e.key === "Enter") input.blur(); });
-  return [h("label", { class: "pg-field" }, label, input), input];
+  onEnterOrChange(input, onCommit);
+  return [h("label", { class: "pg-field" }, h("span", { class: "sbplab-label", text: label }), input), input];
 }
 
 function select(testid, label, options, onPick) {
   const sel = h("select", { "data-testid": testid, "aria-label": label });
   for (const o of options) sel.append(h("option", { value: o, text: o }));
   sel.addEventListener("change", () => onPick(sel.value));
-  return [h("label", { class: "pg-field" }, label, sel), sel];
+  return [h("label", { class: "pg-field" }, h("span", { class: "sbplab-label", text: label }), sel), sel];
 }
 
 function render({ model, el }) {
@@ -35,8 +46,8 @@ function render({ model, el }) {
   const [meshField, meshIn] = textInput("mesh-input", "mesh shape", (v) => commit("mesh_text", v));
   const [dtypeField, dtypeSel] = select("dtype-select", "dtype", DTYPES, (v) => commit("dtype", v));
   const [devField, devSel] = select("device-select", "devices", DEVICES, (v) => commit("device_type", v));
-  const error = h("div", { class: "pg-error", "data-testid": "error-message", role: "alert" });
-  const note = h("div", { class: "pg-note", "data-testid": "note-message" });
+  const error = h("div", { class: "pg-error sbplab-error", "data-testid": "error-message", role: "alert" });
+  const note = h("div", { class: "pg-note sbplab-note", "data-testid": "note-message" });
 
   const side = (name, title) => {
     const axes = h("div", { class: "pg-axes", "data-testid": `${name}-axes` });
@@ -116,8 +127,8 @@ function render({ model, el }) {
   }
 
   function draw() {
-    if (document.activeElement !== shapeIn) shapeIn.value = model.get("shape_text");
-    if (document.activeElement !== meshIn) meshIn.value = model.get("mesh_text");
+    showValue(shapeIn, model.get("shape_text"));
+    showValue(meshIn, model.get("mesh_text"));
     dtypeSel.value = model.get("dtype");
     devSel.value = model.get("device_type");
     error.textContent = model.get("error");
@@ -139,4 +150,4 @@ function render({ model, el }) {
   return redrawOn(model, DERIVED, draw);
 }
 
-export default { render };
+export default { initialize, render };

@@ -8,12 +8,24 @@ const DERIVED = [
   "stage_of", "selected_op", "op_phase", "op_filter", "graph_kind", "graph_phases", "graph_ranks", "collapse",
   "preset_names", "inner_names", "optimizer_names", "hint_roles", "strategy_name", "modules", "ops", "ops_note",
   "candidates", "explain", "graph_svg", "graph_text", "graph_note", "memory_rows", "memory_svg", "memory_text",
-  "comm_rows", "comm_svg", "comm_text", "summary", "error", "note", "timings_ms",
+  "comm_rows", "comm_svg", "comm_text", "summary", "error", "note", "timings_ms", "stale",
 ];
 const PHASES = ["forward", "backward", "update"];
 
+// The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
+// once per model; sbplab/widgets/widget_base.py says why (one ES module per widget, no bundler).
+let h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue;
+
+async function initialize({ model }) {
+  const url = URL.createObjectURL(new Blob([model.get("_dom_js")], { type: "text/javascript" }));
+  const dom = await import(url);
+  URL.revokeObjectURL(url);
+  ({ h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue } = dom);
+  dom.useBaseCss(model);
+}
+
 function field(label, control) {
-  return h("label", { class: "se-field" }, h("span", { text: label }), control);
+  return h("label", { class: "se-field" }, h("span", { class: "sbplab-label", text: label }), control);
 }
 
 function options(sel, values, labels = {}) {
@@ -30,31 +42,31 @@ function render({ model, el }) {
   const presetSel = h("select", { "data-testid": "preset-select" });
   presetSel.addEventListener("change", () => commit("preset", presetSel.value));
   const meshIn = h("input", { type: "text", "data-testid": "mesh-input", spellcheck: "false" });
-  meshIn.addEventListener("change", () => commit("mesh_text", meshIn.value));
+  onEnterOrChange(meshIn, (v) => commit("mesh_text", v));
   const microIn = h("input", { type: "number", min: "1", "data-testid": "micro-batches-input" });
-  microIn.addEventListener("change", () => commit("micro_batches", Number(microIn.value)));
+  onEnterOrChange(microIn, (v) => commit("micro_batches", Number(v)));
   const stagesIn = h("input", { type: "number", min: "1", "data-testid": "stages-input" });
-  stagesIn.addEventListener("change", () => commit("stages", Number(stagesIn.value)));
+  onEnterOrChange(stagesIn, (v) => commit("stages", Number(v)));
   const innerSel = h("select", { "data-testid": "inner-select" });
   innerSel.addEventListener("change", () => commit("inner", innerSel.value));
   const optSel = h("select", { "data-testid": "optimizer-select" });
   optSel.addEventListener("change", () => commit("optimizer", optSel.value));
   const lrIn = h("input", { type: "number", step: "any", min: "0", "data-testid": "lr-input" });
-  lrIn.addEventListener("change", () => commit("lr", Number(lrIn.value)));
+  onEnterOrChange(lrIn, (v) => commit("lr", Number(v)));
   const pipeFields = h("span", { class: "se-pipe" }, field("stages", stagesIn), field("inside a stage", innerSel));
 
-  const error = h("div", { class: "se-error", "data-testid": "error-message", role: "alert" });
-  const note = h("div", { class: "se-note", "data-testid": "note-message" });
-  const status = h("div", { class: "se-status", "data-testid": "status" });
+  const error = h("div", { class: "se-error sbplab-error", "data-testid": "error-message", role: "alert" });
+  const note = h("div", { class: "se-note sbplab-note", "data-testid": "note-message" });
+  const status = h("div", { class: "se-status sbplab-status", "data-testid": "status" });
 
   // --- ops and signatures ---------------------------------------------------------------------------
   const phaseSel = h("select", { "data-testid": "op-phase-select" });
   options(phaseSel, [...PHASES, "all"]);
   phaseSel.addEventListener("change", () => commit("op_phase", phaseSel.value));
   const filterIn = h("input", { type: "search", placeholder: "filter ops", "data-testid": "op-filter" });
-  filterIn.addEventListener("change", () => commit("op_filter", filterIn.value));
+  onEnterOrChange(filterIn, (v) => commit("op_filter", v));
   const opsTable = h("table", { class: "se-ops", "data-testid": "ops-table" });
-  const opsNote = h("div", { class: "se-small" });
+  const opsNote = h("div", { class: "se-small sbplab-status" });
   const sigTitle = h("h4", { text: "signatures" });
   const sigList = h("div", { class: "se-sigs", "data-testid": "signature-list" });
   const resetBtn = h("button", { type: "button", "data-testid": "reset-signature", text: "back to deduced" });
@@ -73,8 +85,11 @@ function render({ model, el }) {
   const hintRole = h("select", { "data-testid": "hint-role" });
   const hintUse = h("input", { type: "checkbox", "data-testid": "hint-use" });
   const hintAdd = h("button", { type: "button", text: "add hint", "data-testid": "hint-add" });
-  hintAdd.addEventListener("click", () => commit("hints", [...(model.get("hints") || []),
-    { pattern: hintPattern.value, sbp: hintSbp.value, role: hintRole.value, use: hintUse.checked }]));
+  const addHint = () => commit("hints", [...(model.get("hints") || []),
+    { pattern: hintPattern.value, sbp: hintSbp.value, role: hintRole.value, use: hintUse.checked }]);
+  hintAdd.addEventListener("click", addHint);
+  onEnter(hintPattern, addHint);  // Enter in either text field adds the hint, like the button
+  onEnter(hintSbp, addHint);
   const stageList = h("div", { class: "se-stages", "data-testid": "stage-list" });
   const stageBox = h("details", { class: "se-stage-box" }, h("summary", { text: "stage per module" }), stageList);
 
@@ -90,11 +105,11 @@ function render({ model, el }) {
     return box;
   });
   const ranksIn = h("input", { type: "text", "data-testid": "graph-ranks" });
-  ranksIn.addEventListener("change", () => commit("graph_ranks", ranksIn.value));
+  onEnterOrChange(ranksIn, (v) => commit("graph_ranks", v));
   const collapseBox = h("input", { type: "checkbox", "data-testid": "graph-collapse" });
   collapseBox.addEventListener("change", () => commit("collapse", collapseBox.checked));
   const graph = h("div", { class: "se-graph", "data-testid": "physical-graph" });
-  const graphNote = h("div", { class: "se-note", "data-testid": "graph-note" });
+  const graphNote = h("div", { class: "se-note sbplab-note", "data-testid": "graph-note" });
   const graphText = h("pre", { class: "se-text", "data-testid": "graph-text" });
   const memSvg = h("div", { class: "se-chart", "data-testid": "memory-chart" });
   const memTable = h("table", { class: "se-table", "data-testid": "memory-table" });
@@ -160,25 +175,29 @@ function render({ model, el }) {
     const hints = model.get("hints") || [];
     hintList.replaceChildren();
     hints.forEach((hi, i) => {
-      const del = h("button", { type: "button", class: "se-remove", text: "✕", "data-testid": `hint-remove-${i}` });
+      const del = h("button", { type: "button", class: "se-remove sbplab-remove", text: "✕", "data-testid": `hint-remove-${i}` });
       del.addEventListener("click", () => commit("hints", hints.filter((_, j) => j !== i)));
       hintList.append(h("li", { "data-testid": `hint-${i}` }, h("code", {
         text: `${hi.pattern} ${hi.use ? "used as" : "stored as"} ${hi.sbp}${hi.role ? ` (${hi.role})` : ""}` }), del));
     });
   }
 
+  let stageKey = "";  // the module list the stage inputs were made for
   function drawStages() {
-    stageList.replaceChildren();
     const pipeline = model.get("preset") === "pipeline";
     stageBox.hidden = !pipeline;
-    if (!pipeline) return;
-    for (const m of model.get("modules") || []) {
-      const input = h("input", { type: "number", min: "0", max: String(model.get("stages") - 1),
-        "data-testid": `stage-${m.name}` });
-      input.value = String(m.stage);
-      input.addEventListener("change", () => commit("stage_of", { ...(model.get("stage_of") || {}), [m.name]: Number(input.value) }));
-      stageList.append(field(m.name, input));
+    const modules = pipeline ? model.get("modules") || [] : [];
+    const key = JSON.stringify([modules.map((m) => m.name), model.get("stages")]);
+    if (key !== stageKey) {
+      stageKey = key;
+      stageList.replaceChildren(...modules.map((m) => {
+        const input = h("input", { type: "number", min: "0", max: String(model.get("stages") - 1),
+          "data-testid": `stage-${m.name}` });
+        onEnterOrChange(input, (v) => commit("stage_of", { ...(model.get("stage_of") || {}), [m.name]: Number(v) }));
+        return field(m.name, input);
+      }));
     }
+    modules.forEach((m, i) => showValue(stageList.children[i].querySelector("input"), m.stage));
   }
 
   function drawMemory() {
@@ -200,26 +219,27 @@ function render({ model, el }) {
     options(optSel, model.get("optimizer_names") || []);
     optSel.value = model.get("optimizer");
     options(hintRole, model.get("hint_roles") || []);
-    if (document.activeElement !== meshIn) meshIn.value = model.get("mesh_text");
-    microIn.value = String(model.get("micro_batches"));
-    stagesIn.value = String(model.get("stages"));
-    lrIn.value = String(model.get("lr"));
+    showValue(meshIn, model.get("mesh_text"));
+    showValue(microIn, model.get("micro_batches"));
+    showValue(stagesIn, model.get("stages"));
+    showValue(lrIn, model.get("lr"));
     pipeFields.hidden = model.get("preset") !== "pipeline";
     phaseSel.value = model.get("op_phase");
-    if (document.activeElement !== filterIn) filterIn.value = model.get("op_filter");
+    showValue(filterIn, model.get("op_filter"));
     error.textContent = model.get("error");
     error.hidden = !model.get("error");
     note.textContent = model.get("note");
     note.hidden = !model.get("note");
     const ms = model.get("timings_ms") || {};
-    status.textContent = model.get("strategy_name")
-      ? `${model.get("strategy_name")}: recomputed in ${(ms.total || 0).toFixed(0)} ms `
-        + `(deduce ${(ms.deduce || 0).toFixed(0)}, lower ${(ms.lower || 0).toFixed(0)}, graph ${(ms.graph || 0).toFixed(0)})`
-      : "";
+    const name = model.get("strategy_name");
+    if (!name) status.textContent = "";
+    else if (model.get("stale")) status.textContent = `showing the last valid result (${name}); fix the error above to recompute`;
+    else status.textContent = `${name}: recomputed in ${(ms.total || 0).toFixed(0)} ms `
+      + `(deduce ${(ms.deduce || 0).toFixed(0)}, lower ${(ms.lower || 0).toFixed(0)}, graph ${(ms.graph || 0).toFixed(0)})`;
     kindSel.value = model.get("graph_kind");
     const phases = model.get("graph_phases") || [];
     PHASES.forEach((p, i) => { phaseBoxes[i].checked = phases.includes(p); });
-    if (document.activeElement !== ranksIn) ranksIn.value = model.get("graph_ranks");
+    showValue(ranksIn, model.get("graph_ranks"));
     collapseBox.checked = model.get("collapse");
     graph.innerHTML = model.get("graph_svg");  // SVG made by graphviz from DOT text escaped in sbplab.viz
     graphNote.textContent = model.get("graph_note");
@@ -239,4 +259,4 @@ function render({ model, el }) {
   return redrawOn(model, DERIVED, draw);
 }
 
-export default { render };
+export default { initialize, render };

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from .kinds import KINDS, StepKind, kind_of, register
 from .plan import BoxingPlan
 from .planner import plan_boxing
 from .route import BoxingError
 from .step import BoxingStep, Transfer
 
-__all__ = ["BoxingError", "BoxingPlan", "BoxingStep", "Transfer", "plan_boxing"]
+__all__ = ["KINDS", "BoxingError", "BoxingPlan", "BoxingStep", "StepKind", "Transfer", "kind_of", "plan_boxing",
+           "register"]

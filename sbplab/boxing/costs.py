@@ -1,16 +1,11 @@
-"""One-axis boxing steps: which collective turns SBP ``a`` into ``b`` on one mesh axis, when that is
-valid inside an n-D SBP, and exactly how many bytes every rank sends and receives.
+"""One-axis boxing steps: which kinds turn SBP ``a`` into ``b`` on one mesh axis, when that is valid
+inside an n-D SBP, and exactly how many bytes every rank sends and receives.
 
 Everything here works on mesh coordinates (flat row-major index), not rank ids, so a route found for
-one 2x2 mesh is reused for every 2x2 mesh. Bytes are exact for uneven splits, for ring algorithms:
-
-- all-gather: chunk c starts at its owner and travels p-1 hops, so rank i sends every chunk but the
-  next rank's (T - c[i+1]) and receives every chunk but its own (T - c[i]);
-- reduce-scatter (the mirror image): rank i sends T - c[i], receives T - c[i-1];
-- all-reduce: a reduce-scatter then an all-gather over a balanced chunking of the flat piece;
-- all-to-all: exactly the blocks that change owner.
-
-T is the logical size of the piece a group works on: the tensor after the other mesh axes' splits.
+one 2x2 mesh is reused for every 2x2 mesh. The arithmetic of each step (its bytes per rank, its
+alpha-beta time) belongs to its kind (``kinds/``); this module walks the mesh coordinates, hands each
+kind the logical piece ``T`` its group works on (the tensor after the other mesh axes' splits) and
+turns the kind's time into exact integer ticks for the route search.
 """
 
 from __future__ import annotations
@@ -22,28 +17,20 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..layout import LayoutError, balanced_sizes, check_layout
+from ..hardware import Hardware
+from ..layout import LayoutError, check_layout
 from ..placement import Placement
-from ..sbp import B, Broadcast, NdSbp, Partial, SbpParallel, Split
+from ..sbp import B, NdSbp, Partial, SbpParallel, Split
+from .kinds import KINDS, StepKind, kind_of, kinds_between, on_change
 
 
 def transition_kind(a: SbpParallel, b: SbpParallel) -> str | None:
-    """The step that turns ``a`` into ``b`` on one mesh axis (BRIEF's table), or None if there is none.
+    """The first kind that turns ``a`` into ``b`` on one mesh axis (BRIEF's table), or None.
 
     ``P(x) -> P(y)`` with x != y has no direct step; a route goes through B.
     """
-    if a == b:
-        return None
-    if isinstance(a, Broadcast):
-        return "slice" if isinstance(b, Split) else "zero"
-    if isinstance(a, Split):
-        if isinstance(b, Broadcast):
-            return "all_gather"
-        return "zero" if isinstance(b, Partial) else "all_to_all"
-    if isinstance(b, Partial):  # a is Partial with another op
-        return None
-    return "all_reduce" if isinstance(b, Broadcast) else "reduce_scatter"
+    found = kinds_between(a, b)
+    return found[0].name if found else None
 
 
 def step_problem(state: NdSbp, axis: int, new: SbpParallel) -> str | None:
@@ -111,7 +98,7 @@ class EdgeCost:
     kind: str
     sent: tuple[int, ...]
     recv: tuple[int, ...]
-    ticks: int  # exact time in units of 1 / time_scale(cluster) seconds
+    ticks: int  # exact time in units of 1 / time_scale(hardware) seconds
     time_s: float
     reduce_op: str | None
 
@@ -126,103 +113,81 @@ class EdgeCost:
 
 
 def ring_bytes(kind: str, p: int, i: int, T: int, chunks: list[int]) -> tuple[int, int]:
-    """(sent, received) elements of rank ``i`` of a ring collective over a piece of ``T`` elements.
+    """(sent, received) elements of rank ``i`` of a ring collective over a piece of ``T`` elements
+    (the kind's own arithmetic; ``chunks`` are the per-rank chunk sizes of the split side)."""
+    k = kind_of(kind)
+    if not hasattr(k, "ring_elements"):
+        raise ValueError(f"{kind} is not a ring collective")
+    return k.ring_elements(p, i, T, chunks)  # type: ignore[attr-defined]
 
-    ``chunks`` are the per-rank chunk sizes (elements) of the split side.
-    """
-    if kind == "all_gather":
-        return T - chunks[(i + 1) % p], T - chunks[i]
-    if kind == "reduce_scatter":
-        return T - chunks[i], T - chunks[(i - 1) % p]
-    if kind == "all_reduce":
-        c = balanced_sizes(T, p)
-        return 2 * T - c[i] - c[(i + 1) % p], 2 * T - c[(i - 1) % p] - c[i]
-    raise ValueError(f"{kind} is not a ring collective")
+
+RING_STEPS = {name: k.rounds(2) for name, k in KINDS.items() if k.is_collective}  # x (p - 1)
 
 
 @lru_cache(maxsize=64)
-def time_scale(cluster: Cluster) -> int:
-    """Ticks per second such that every alpha-beta time on ``cluster`` is a whole number of ticks.
+def time_scale(hardware: Hardware) -> int:
+    """Ticks per second such that every alpha-beta time on ``hardware`` is a whole number of ticks.
 
     Search keys add integer ticks: exact (a reduce-scatter plus an all-gather ties with an
     all-reduce, as the model says, and the tie-break on bytes then steps decides, not rounding noise)
-    and much faster to add than Fractions.
+    and much faster to add than Fractions. Measured per-kind fits count too.
     """
-    dens = [Fraction(x).denominator for x in (*cluster.axis_latency, cluster.p2p_latency)]
-    dens += [(1 / Fraction(x)).denominator
-             for x in (*cluster.axis_bandwidth, cluster.p2p_bandwidth, cluster.mem_bandwidth)]
+    lats = [*hardware.axis_latency, hardware.p2p_latency, *(f.alpha for f in hardware.comm_fits)]
+    bws = [*hardware.axis_bandwidth, hardware.p2p_bandwidth, hardware.mem_bandwidth,
+           *(f.bandwidth for f in hardware.comm_fits)]
+    dens = [Fraction(x).denominator for x in lats] + [(1 / Fraction(x)).denominator for x in bws]
     return math.lcm(*dens)
 
 
-def ticks(cluster: Cluster, latency: float, steps: int, nbytes: int, bandwidth: float) -> int:
-    """``latency * steps + nbytes / bandwidth`` (Cluster.ring_time) in exact ticks of time_scale."""
-    t = (Fraction(latency) * steps + Fraction(nbytes) / Fraction(bandwidth)) * time_scale(cluster)
+def ticks(hardware: Hardware, latency: float, steps: int, nbytes: int, bandwidth: float) -> int:
+    """``latency * steps + nbytes / bandwidth`` (Hardware.ring_time) in exact ticks of time_scale."""
+    t = (Fraction(latency) * steps + Fraction(nbytes) / Fraction(bandwidth)) * time_scale(hardware)
     assert t.denominator == 1
     return t.numerator
 
 
-RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_all": 1}  # x (p - 1)
+def kind_ticks(kind: StepKind, hardware: Hardware, axis: int | None, group_size: int, nbytes: int,
+               messages: int = 1) -> int:
+    """``kind.duration(...)`` in exact ticks: the same alpha-beta figures, added without rounding."""
+    if kind.moves_data and group_size <= 1:
+        return 0
+    alpha, bw = kind.alpha_beta(hardware, axis, group_size)
+    return ticks(hardware, alpha, kind.rounds(group_size, messages), nbytes, bw)
+
+
+def _kind_cost(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
+               new: SbpParallel, itemsize: int, hardware: Hardware) -> EdgeCost:
+    p = mesh_shape[axis]
+    sent: list[int] = []
+    recv: list[int] = []
+    busy = 0
+    for coord in np.ndindex(*mesh_shape):
+        s, r, b = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
+        sent.append(s * itemsize)
+        recv.append(r * itemsize)
+        busy = max(busy, b)
+    t = kind_ticks(kind, hardware, axis, p, busy * itemsize)
+    op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
+    return EdgeCost(kind.name, tuple(sent), tuple(recv), t, t / time_scale(hardware), op)
 
 
 @lru_cache(maxsize=262144)
 def edge_cost(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int,
-              new: SbpParallel, itemsize: int, cluster: Cluster) -> EdgeCost | None:
-    """Exact cost of changing ``state[axis]`` to ``new``; None if no valid one-axis step does it."""
+              new: SbpParallel, itemsize: int, hardware: Hardware) -> EdgeCost | None:
+    """Exact cost of changing ``state[axis]`` to ``new`` with the cheapest kind that does it; None if
+    no valid one-axis step does it."""
     old = state[axis]
-    kind = transition_kind(old, new)
-    if kind is None or step_problem(state, axis, new) is not None:
+    kinds = kinds_between(old, new)
+    if not kinds or step_problem(state, axis, new) is not None:
         return None
-    p = mesh_shape[axis]
     whole = state[:axis] + (B,) + state[axis + 1:]  # the group's piece
-    split = old if isinstance(old, Split) else new if isinstance(new, Split) else None
-    sent: list[int] = []
-    recv: list[int] = []
-    local_write = 0
-    for coord in np.ndindex(*mesh_shape):
-        i = coord[axis]
-        piece = extents(shape, mesh_shape, whole, coord)
-        T = _numel(piece)
-        if kind in ("slice", "zero"):
-            s = r = 0
-            if kind == "zero" and (isinstance(old, Split) or (new.op == "sum" and i != 0)):
-                local_write = max(local_write, T)
-        elif kind == "all_to_all":
-            D, D2 = piece[old.dim], piece[new.dim]
-            rest = T // (D * D2)
-            a, b = balanced_sizes(D, p), balanced_sizes(D2, p)
-            s, r = rest * a[i] * (D2 - b[i]), rest * b[i] * (D - a[i])
-        else:
-            if split is not None:
-                D = piece[split.dim]
-                chunks = [T // D * c for c in balanced_sizes(D, p)]
-            else:
-                chunks = []
-            s, r = ring_bytes(kind, p, i, T, chunks)
-        sent.append(s * itemsize)
-        recv.append(r * itemsize)
-    if kind in RING_STEPS:
-        bw, lat = cluster.link(axis)
-        t = ticks(cluster, lat, RING_STEPS[kind] * (p - 1), max(max(sent), max(recv)), bw)
-    else:
-        t = ticks(cluster, 0.0, 0, local_write * itemsize, cluster.mem_bandwidth)
-    op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
-    return EdgeCost(kind, tuple(sent), tuple(recv), t, t / time_scale(cluster), op)
+    costs = [_kind_cost(k, shape, mesh_shape, whole, axis, old, new, itemsize, hardware) for k in kinds]
+    return min(costs, key=lambda c: c.key)
 
 
 def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str) -> str:
-    """A one-line reason for a step, in the words of BRIEF's table."""
-    if kind == "slice":
-        return f"every rank on {axis_label} holds the whole piece and keeps only its {new!r} slice"
-    if kind == "zero":
-        if isinstance(old, Broadcast):
-            if new.op == "sum":
-                return f"the first rank on {axis_label} keeps the value, the others hold zeros (a {new!r} addend)"
-            return f"every rank on {axis_label} keeps its copy, a valid {new!r} candidate"
-        return f"each rank on {axis_label} puts its {old!r} slice into a tensor filled with the identity of {new.op}"
-    if kind == "all_gather":
-        return f"{old!r} -> B on {axis_label}: every rank needs the pieces of the others"
-    if kind == "reduce_scatter":
-        return f"{old!r} -> {new!r} on {axis_label}: reduce the partial values, each rank keeps its slice"
-    if kind == "all_reduce":
-        return f"{old!r} -> B on {axis_label}: reduce the partial values everywhere"
-    return f"{old!r} -> {new!r} on {axis_label}: exchange blocks so the split moves to dim {new.dim}"
+    """A one-line reason for a step, in the words of BRIEF's table (the kind's own words)."""
+    return kind_of(kind).explain(old, new, axis_label)
+
+
+on_change(edge_cost.cache_clear)

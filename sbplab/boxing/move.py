@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..cluster import Cluster
+from ..hardware import Hardware
 from ..layout import Block, local_block
 from ..placement import Placement
 from ..sbp import NdSbp, Partial
-from .costs import ticks, time_scale
+from .costs import kind_ticks, time_scale
+from .kinds import StepKind, kind_of, on_change
 from .route import Key
 from .step import Transfer
 
@@ -43,7 +44,12 @@ class Move:
 
     @property
     def kind(self) -> str:
-        return "send_recv" if self.total or self.messages else "copy"
+        return move_kind(self.total, self.messages).name
+
+
+def move_kind(total_bytes: int, messages: int) -> StepKind:
+    """``send_recv`` when anything crosses a rank or device, else ``copy``."""
+    return kind_of("send_recv" if total_bytes or messages else "copy")
 
 
 def _intersect(a: Block, b: Block) -> Block | None:
@@ -69,7 +75,7 @@ def has_partial(state: NdSbp) -> bool:
 
 @lru_cache(maxsize=65536)
 def plan_move(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement,
-              itemsize: int, cluster: Cluster) -> Move | None:
+              itemsize: int, hardware: Hardware) -> Move | None:
     """The transfers that turn ``src`` on ``src_pl`` into ``dst`` on ``dst_pl``; None if not allowed."""
     crosses_device = src_pl.device_type != dst_pl.device_type
     transfers: list[Transfer] = []
@@ -106,15 +112,18 @@ def plan_move(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement,
             n_recv[t.dst_rank] += 1
     messages = max([*n_sent.values(), *n_recv.values()])
     busiest = max([*sent.values(), *recv.values()])
-    t = ticks(cluster, cluster.p2p_latency, messages, busiest, cluster.p2p_bandwidth)
-    return Move(tuple(transfers), sent, recv, messages, t, t / time_scale(cluster))
+    t = kind_ticks(move_kind(sum(sent.values()), messages), hardware, None, 2, busiest, messages)
+    return Move(tuple(transfers), sent, recv, messages, t, t / time_scale(hardware))
 
 
 def move_lower_bound(shape: tuple[int, ...], dst: NdSbp, src_pl: Placement, dst_pl: Placement,
-                     itemsize: int, cluster: Cluster) -> Key:
+                     itemsize: int, hardware: Hardware) -> Key:
     """A key no move into ``dst`` can beat: destination ranks outside the source must receive their block."""
     outside = [r for r in dst_pl.rank_list if r not in src_pl or src_pl.device_type != dst_pl.device_type]
     if not outside:
         return (0, 0, 1)
     sizes = [_numel(local_block(shape, dst_pl, dst, r)) * itemsize for r in outside]
-    return (ticks(cluster, cluster.p2p_latency, 1, max(sizes), cluster.p2p_bandwidth), sum(sizes), 1)
+    return (kind_ticks(kind_of("send_recv"), hardware, None, 2, max(sizes)), sum(sizes), 1)
+
+
+on_change(plan_move.cache_clear)

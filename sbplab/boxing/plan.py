@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cluster import Cluster
 from ..fmt import fmt_bytes
+from ..hardware import Hardware
 from ..placement import Placement
 from ..sbp import NdSbp, fmt_sbp
-from .execute import check_shards, run_axis_step, run_move
+from .execute import check_shards, run_step
 from .step import BoxingStep
 
 
@@ -21,8 +21,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     short = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
              torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
     return short.get(dtype, str(dtype).replace("torch.", ""))
-
-
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class BoxingPlan:
     src_sbp: NdSbp
     dst_sbp: NdSbp
     steps: tuple[BoxingStep, ...]
-    cluster: Cluster
+    hardware: Hardware
 
     # --- cost ---------------------------------------------------------------------------------
     @property
@@ -65,6 +63,11 @@ class BoxingPlan:
     def kinds(self) -> tuple[str, ...]:
         return tuple(s.kind for s in self.steps)
 
+    @property
+    def communicates(self) -> bool:
+        """True when some step talks to other ranks (anything but local slices, fills and copies)."""
+        return any(not s.kind_obj.is_local for s in self.steps)
+
     def __len__(self) -> int:
         return len(self.steps)
 
@@ -81,12 +84,12 @@ class BoxingPlan:
         """A readable table: one row per step with its collective, mesh axis, bytes and time."""
         head = (f"{self.title()}\n{len(self.steps)} step(s), {fmt_bytes(self.total_bytes)} sent in total, "
                 f"{fmt_bytes(self.max_bytes_per_rank)} max per rank, ~{self.time_s * 1e6:.2f} us on "
-                f"{self.cluster.name}")
+                f"{self.hardware.name}")
         if not self.steps:
             return head + "\nnothing to do: same placement and SBP"
         rows = [("#", "step", "axis", "from -> to", "groups", "max sent/rank", "total", "time", "why")]
         for i, s in enumerate(self.steps):
-            kind = s.kind + (f"({s.reduce_op})" if s.reduce_op and s.kind in ("reduce_scatter", "all_reduce") else "")
+            kind = s.label
             groups = " ".join("(" + ",".join(map(str, g)) + ")" for g in s.groups[:4])
             if len(s.groups) > 4:
                 groups += f" +{len(s.groups) - 4}"
@@ -110,10 +113,7 @@ class BoxingPlan:
         check_shards(shards, self.src_placement, self.shape, self.src_sbp)
         cur: dict[int, torch.Tensor] = dict(shards)
         for step in self.steps:
-            if step.mesh_axis is None:
-                cur = run_move(step, cur, self.shape)
-            else:
-                cur = run_axis_step(step, cur, self.shape)
+            cur = run_step(step, cur, self.shape)
         if not self.steps:
             cur = {r: t.clone() for r, t in cur.items()}
         return cur

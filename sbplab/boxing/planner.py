@@ -13,11 +13,12 @@ from functools import lru_cache
 
 import torch
 
-from ..cluster import Cluster
+from ..hardware import Hardware
 from ..layout import check_layout
 from ..placement import Placement
 from ..sbp import NdSbp, SbpParallel, as_nd_sbp, fmt_sbp
-from .costs import edge_cost, explain_step
+from .costs import edge_cost
+from .kinds import kind_of, on_change
 from .move import has_partial, move_lower_bound, plan_move
 from .plan import BoxingPlan
 from .route import BoxingError, Hop, Key, add, apply_hops, find_route, partial_ops, routes_from, routes_to
@@ -27,50 +28,44 @@ SbpLike = str | SbpParallel | Iterable[SbpParallel]
 
 
 def _axis_steps(shape, state: NdSbp, hops: tuple[Hop, ...], placement: Placement, itemsize: int,
-                cluster: Cluster, note: str = "") -> list[BoxingStep]:
+                hardware: Hardware, note: str = "") -> list[BoxingStep]:
     ranks = placement.rank_list  # flat row-major, the order of costs' per-coordinate tuples
     steps = []
     for (axis, new), s in zip(hops, apply_hops(state, hops)):
-        c = edge_cost(shape, placement.shape, s, axis, new, itemsize, cluster)
+        c = edge_cost(shape, placement.shape, s, axis, new, itemsize, hardware)
         nxt = s[:axis] + (new,) + s[axis + 1:]
-        comm = c.kind not in ("slice", "zero")
+        kind = kind_of(c.kind)
         steps.append(BoxingStep(
             kind=c.kind, mesh_axis=axis, src_sbp=s, dst_sbp=nxt, placement=placement,
-            groups=tuple(placement.groups(axis)) if comm else (),
+            groups=() if kind.is_local else tuple(placement.groups(axis)),
             bytes_sent=dict(zip(ranks, c.sent)), bytes_recv=dict(zip(ranks, c.recv)), time_s=c.time_s,
-            why=explain_step(c.kind, s[axis], new, placement.axis_label(axis)) + note, reduce_op=c.reduce_op))
+            why=kind.explain(s[axis], new, placement.axis_label(axis)) + note, reduce_op=c.reduce_op))
     return steps
 
 
 def _move_step(shape, x: NdSbp, y: NdSbp, src_pl: Placement, dst_pl: Placement, itemsize: int,
-               cluster: Cluster) -> BoxingStep:
-    m = plan_move(shape, x, y, src_pl, dst_pl, itemsize, cluster)
-    how = ("each shard travels whole to the rank at the same mesh coordinates" if has_partial(x)
-           else f"each rank of the destination receives the parts of its {fmt_sbp(y)} block it does not hold")
-    if src_pl.device_type != dst_pl.device_type:
-        how += f"; {src_pl.device_type} -> {dst_pl.device_type} is a device copy, counted as bytes moved"
-    local = sum(1 for t in m.transfers if t.src_rank == t.dst_rank)
-    if local:
-        how += f"; {local} region(s) stay on their rank"
+               hardware: Hardware) -> BoxingStep:
+    m = plan_move(shape, x, y, src_pl, dst_pl, itemsize, hardware)
     pairs = tuple(sorted({(t.src_rank, t.dst_rank) for t in m.transfers
                           if t.src_rank != t.dst_rank or src_pl.device_type != dst_pl.device_type}))
+    why = kind_of(m.kind).explain_move(x, y, src_pl, dst_pl, m.transfers)  # type: ignore[attr-defined]
     return BoxingStep(kind=m.kind, mesh_axis=None, src_sbp=x, dst_sbp=y, placement=dst_pl, groups=pairs,
                       bytes_sent=dict(m.sent), bytes_recv=dict(m.recv), time_s=m.time_s,
-                      why=f"move to the other placement: {how}", src_placement=src_pl, transfers=m.transfers)
+                      why=why, src_placement=src_pl, transfers=m.transfers)
 
 
 @lru_cache(maxsize=4096)
 def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement,
-               itemsize: int, cluster: Cluster) -> tuple[NdSbp, NdSbp, Key]:
+               itemsize: int, hardware: Hardware) -> tuple[NdSbp, NdSbp, Key]:
     """The intermediate layouts (X on the source, Y on the destination) of the cheapest move."""
     ops = partial_ops(src, dst)
-    fr = routes_from(shape, src, src_pl.shape, itemsize, cluster, ops)
-    to = routes_to(shape, dst, dst_pl.shape, itemsize, cluster, ops)
+    fr = routes_from(shape, src, src_pl.shape, itemsize, hardware, ops)
+    to = routes_to(shape, dst, dst_pl.shape, itemsize, hardware, ops)
     best: tuple[Key, NdSbp, NdSbp] | None = None
 
     def consider(x: NdSbp, y: NdSbp) -> None:
         nonlocal best
-        m = plan_move(shape, x, y, src_pl, dst_pl, itemsize, cluster)
+        m = plan_move(shape, x, y, src_pl, dst_pl, itemsize, hardware)
         if m is None:
             return
         k = add(add(fr[x].key, m.key), to[y].key)
@@ -83,7 +78,7 @@ def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement
                 break
             consider(x, x)
     xs = sorted((s for s in fr if not has_partial(s)), key=lambda s: fr[s].key)
-    ys = sorted(((add(to[s].key, move_lower_bound(shape, s, src_pl, dst_pl, itemsize, cluster)), s)
+    ys = sorted(((add(to[s].key, move_lower_bound(shape, s, src_pl, dst_pl, itemsize, hardware)), s)
                  for s in to if not has_partial(s)), key=lambda t: t[0])
     for x in xs:
         if not ys or (best is not None and add(fr[x].key, ys[0][0]) >= best[0]):
@@ -98,6 +93,9 @@ def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement
     return best[1], best[2], best[0]
 
 
+on_change(find_cross.cache_clear)
+
+
 def _validate(shape, sbp: SbpLike, placement: Placement, what: str) -> NdSbp:
     nd = as_nd_sbp(sbp, placement.ndim, len(shape), what=what)
     check_layout(shape, placement, nd, what=what)
@@ -106,12 +104,12 @@ def _validate(shape, sbp: SbpLike, placement: Placement, what: str) -> NdSbp:
 
 def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placement: Placement,
                 dst_placement: Placement | None = None, dtype: torch.dtype = torch.float32,
-                cluster: Cluster | None = None) -> BoxingPlan:
+                hardware: Hardware | None = None) -> BoxingPlan:
     """Plan how a tensor of ``shape`` goes from ``src_sbp`` on ``placement`` to ``dst_sbp`` on
     ``dst_placement`` (default: the same placement).
 
-    SBPs may be strings (``"S(0), B"``), single SBPs on a 1-D mesh, or tuples. ``cluster`` defaults
-    to ``Cluster.cpu_box()`` for cpu placements and ``Cluster.h100_node()`` for cuda ones.
+    SBPs may be strings (``"S(0), B"``), single SBPs on a 1-D mesh, or tuples. ``hardware`` defaults
+    to ``Hardware.cpu_box()`` for cpu placements and ``Hardware.h100_node()`` for cuda ones.
     """
     try:
         shape = tuple(int(n) for n in shape)
@@ -126,22 +124,22 @@ def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placem
         raise TypeError(f"plan_boxing: dst_placement must be an sl.Placement or None, got {type(dst_pl).__name__}")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"plan_boxing: dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
-    if cluster is None:
-        cluster = Cluster.cpu_box() if placement.device_type == "cpu" else Cluster.h100_node()
-    elif not isinstance(cluster, Cluster):
-        raise TypeError(f"plan_boxing: cluster must be an sl.Cluster or None, got {type(cluster).__name__}")
+    if hardware is None:
+        hardware = Hardware.cpu_box() if placement.device_type == "cpu" else Hardware.h100_node()
+    elif not isinstance(hardware, Hardware):
+        raise TypeError(f"plan_boxing: hardware must be an sl.Hardware or None, got {type(hardware).__name__}")
     src = _validate(shape, src_sbp, placement, "plan_boxing: src_sbp")
     dst = _validate(shape, dst_sbp, dst_pl, "plan_boxing: dst_sbp")
     itemsize = dtype.itemsize
     if dst_pl.same_devices(placement):
-        route = find_route(shape, src, dst, placement.shape, itemsize, cluster)
-        steps = _axis_steps(shape, src, route.hops, placement, itemsize, cluster)
-        return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), cluster)
-    x, y, _ = find_cross(shape, src, dst, placement, dst_pl, itemsize, cluster)
+        route = find_route(shape, src, dst, placement.shape, itemsize, hardware)
+        steps = _axis_steps(shape, src, route.hops, placement, itemsize, hardware)
+        return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), hardware)
+    x, y, _ = find_cross(shape, src, dst, placement, dst_pl, itemsize, hardware)
     ops = partial_ops(src, dst)
-    before = routes_from(shape, src, placement.shape, itemsize, cluster, ops)[x].hops
-    after = routes_to(shape, dst, dst_pl.shape, itemsize, cluster, ops)[y].hops
-    steps = _axis_steps(shape, src, before, placement, itemsize, cluster, note=" (before the move)")
-    steps.append(_move_step(shape, x, y, placement, dst_pl, itemsize, cluster))
-    steps += _axis_steps(shape, y, after, dst_pl, itemsize, cluster, note=" (after the move)")
-    return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), cluster)
+    before = routes_from(shape, src, placement.shape, itemsize, hardware, ops)[x].hops
+    after = routes_to(shape, dst, dst_pl.shape, itemsize, hardware, ops)[y].hops
+    steps = _axis_steps(shape, src, before, placement, itemsize, hardware, note=" (before the move)")
+    steps.append(_move_step(shape, x, y, placement, dst_pl, itemsize, hardware))
+    steps += _axis_steps(shape, y, after, dst_pl, itemsize, hardware, note=" (after the move)")
+    return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), hardware)

@@ -3,7 +3,7 @@
 This is OneFlow's "middle node" search and DTensor's redistribute planner made exact: states are all
 n-D SBPs the tensor can have on the mesh, edges are the valid one-axis steps of ``costs.py``, and
 Dijkstra minimises estimated time, then bytes, then the number of steps. Routes depend only on the
-tensor shape, the mesh shape, the dtype size and the cluster, so they are cached on exactly that.
+tensor shape, the mesh shape, the dtype size and the hardware, so they are cached on exactly that.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..cluster import Cluster
+from ..hardware import Hardware
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split, fmt_sbp
 from .costs import edge_cost, state_ok
+from .kinds import on_change
 
 Key = tuple[int, int, int]  # (exact time in ticks of costs.time_scale, bytes sent by all ranks, steps)
 Hop = tuple[int, SbpParallel]  # (mesh axis, its new SBP)
@@ -55,9 +56,9 @@ class StateGraph:
     search touches hashes of SBP tuples only at its two ends and otherwise adds integer keys.
     """
 
-    def __init__(self, shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int, cluster: Cluster,
+    def __init__(self, shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int, hardware: Hardware,
                  ops: tuple[str, ...]) -> None:
-        self.shape, self.mesh_shape, self.itemsize, self.cluster = shape, mesh_shape, itemsize, cluster
+        self.shape, self.mesh_shape, self.itemsize, self.hardware = shape, mesh_shape, itemsize, hardware
         self.cands = candidates(len(shape), ops)
         self.states: list[NdSbp] = []
         self.ids: dict[NdSbp, int] = {}
@@ -96,10 +97,10 @@ class StateGraph:
                 if not state_ok(shape, mesh, other):
                     continue
                 if forward:
-                    c = edge_cost(shape, mesh, state, axis, x, self.itemsize, self.cluster)
+                    c = edge_cost(shape, mesh, state, axis, x, self.itemsize, self.hardware)
                     hop = (axis, x)
                 else:
-                    c = edge_cost(shape, mesh, other, axis, state[axis], self.itemsize, self.cluster)
+                    c = edge_cost(shape, mesh, other, axis, state[axis], self.itemsize, self.hardware)
                     hop = (axis, state[axis])
                 if c is not None:
                     out.append((self.id(other), hop, c.key))
@@ -107,9 +108,9 @@ class StateGraph:
 
 
 @lru_cache(maxsize=256)
-def state_graph(shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int, cluster: Cluster,
+def state_graph(shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int, hardware: Hardware,
                 ops: tuple[str, ...]) -> StateGraph:
-    return StateGraph(shape, mesh_shape, itemsize, cluster, ops)
+    return StateGraph(shape, mesh_shape, itemsize, hardware, ops)
 
 
 def _dijkstra(g: StateGraph, start: int, target: int | None = None, backward: bool = False
@@ -160,11 +161,11 @@ def _walk(done: dict[int, tuple[Key, int, Hop | None]], i: int) -> list[Hop]:
 
 @lru_cache(maxsize=1 << 17)
 def find_route(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, mesh_shape: tuple[int, ...], itemsize: int,
-               cluster: Cluster) -> Route:
+               hardware: Hardware) -> Route:
     """The cheapest route from ``src`` to ``dst`` (both already validated)."""
     if src == dst:
         return Route((), ZERO)
-    g = state_graph(shape, mesh_shape, itemsize, cluster, partial_ops(src, dst))
+    g = state_graph(shape, mesh_shape, itemsize, hardware, partial_ops(src, dst))
     s, t = g.id(src), g.id(dst)
     done = _dijkstra(g, s, t)
     if t not in done:
@@ -174,18 +175,18 @@ def find_route(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, mesh_shape: tuple
 
 @lru_cache(maxsize=1024)
 def routes_from(shape: tuple[int, ...], src: NdSbp, mesh_shape: tuple[int, ...], itemsize: int,
-                cluster: Cluster, ops: tuple[str, ...]) -> dict[NdSbp, Route]:
+                hardware: Hardware, ops: tuple[str, ...]) -> dict[NdSbp, Route]:
     """Cheapest routes from ``src`` to every reachable state."""
-    g = state_graph(shape, mesh_shape, itemsize, cluster, ops)
+    g = state_graph(shape, mesh_shape, itemsize, hardware, ops)
     done = _dijkstra(g, g.id(src))
     return {g.states[i]: Route(tuple(reversed(_walk(done, i))), k) for i, (k, _, _) in done.items()}
 
 
 @lru_cache(maxsize=1024)
 def routes_to(shape: tuple[int, ...], dst: NdSbp, mesh_shape: tuple[int, ...], itemsize: int,
-              cluster: Cluster, ops: tuple[str, ...]) -> dict[NdSbp, Route]:
+              hardware: Hardware, ops: tuple[str, ...]) -> dict[NdSbp, Route]:
     """Cheapest routes from every state that can reach ``dst`` (hops in forward order)."""
-    g = state_graph(shape, mesh_shape, itemsize, cluster, ops)
+    g = state_graph(shape, mesh_shape, itemsize, hardware, ops)
     done = _dijkstra(g, g.id(dst), backward=True)
     return {g.states[i]: Route(tuple(_walk(done, i)), k) for i, (k, _, _) in done.items()}
 
@@ -198,3 +199,6 @@ def apply_hops(state: NdSbp, hops: tuple[Hop, ...]) -> list[NdSbp]:
         states.append(state)
     return states
 
+
+for _cache in (state_graph, find_route, routes_from, routes_to):
+    on_change(_cache.cache_clear)  # routes depend on which kinds exist

@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from ..layout import Block
 from ..placement import Placement
 from ..sbp import NdSbp, fmt_sbp
-
-STEP_KINDS = ("slice", "zero", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "copy")
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+from .kinds import KINDS, StepKind
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class Transfer:
 class BoxingStep:
     """One step of a plan. ``src_sbp``/``dst_sbp`` are the n-D SBP of the whole tensor before/after."""
 
-    kind: str
+    kind: str  # the name of a registered kind (``kind_obj`` is the kind itself)
     mesh_axis: int | None  # None for moves between placements
     src_sbp: NdSbp
     dst_sbp: NdSbp
@@ -55,14 +53,25 @@ class BoxingStep:
     transfers: tuple[Transfer, ...] = field(default=())  # set for moves
 
     def __post_init__(self) -> None:
-        if self.kind not in STEP_KINDS:
-            raise ValueError(f"BoxingStep.kind must be one of {STEP_KINDS}, got {self.kind!r}")
-        if self.kind in ("send_recv", "copy") and self.src_placement is None:
+        kind = KINDS.get(self.kind)
+        if kind is None:
+            raise ValueError(f"BoxingStep.kind must be one of {tuple(KINDS)}, got {self.kind!r}")
+        if kind.between_placements and self.src_placement is None:
             raise ValueError(f"a {self.kind} step moves between placements and needs src_placement")
-        if self.kind not in ("send_recv", "copy") and self.mesh_axis is None:
+        if not kind.between_placements and self.mesh_axis is None:
             raise ValueError(f"a {self.kind} step works on one mesh axis; mesh_axis must be set")
         if self.time_s < 0:
             raise ValueError(f"BoxingStep.time_s must be >= 0, got {self.time_s}")
+
+    @property
+    def kind_obj(self) -> StepKind:
+        """The step's kind: what it means, costs, and how every executor runs it."""
+        return KINDS[self.kind]
+
+    @property
+    def label(self) -> str:
+        """The kind's name, with the reduce op where it reduces: ``all_reduce(max)``."""
+        return self.kind_obj.label(self.reduce_op)
 
     @property
     def total_bytes(self) -> int:
@@ -79,8 +88,7 @@ class BoxingStep:
         return self.placement.axis_label(self.mesh_axis)
 
     def describe(self) -> str:
-        op = f"({self.reduce_op})" if self.reduce_op and self.kind in ("reduce_scatter", "all_reduce") else ""
-        return (f"{self.kind}{op} on {self.axis_text()}: {fmt_sbp(self.src_sbp)} -> {fmt_sbp(self.dst_sbp)}, "
+        return (f"{self.label} on {self.axis_text()}: {fmt_sbp(self.src_sbp)} -> {fmt_sbp(self.dst_sbp)}, "
                 f"{self.max_bytes_per_rank} B max sent per rank, {self.total_bytes} B total, "
                 f"~{self.time_s * 1e6:.1f} us; {self.why}")
 

@@ -1,35 +1,38 @@
 """The compiler: torch modules to logical graphs, training graphs, SBP deduction and physical graphs.
 
-Importing it registers the compiler's own ops (gradients, optimizer updates) and attaches the
-gradient rules to the op library's ops.
+The pipeline, one sub-package per stage: ``frontend`` (torch.fx import, hand-built graphs),
+``training`` (autodiff, optimizers), ``deduction`` (strategies, hints, signature choice),
+``physical`` (per-rank graph, memory, in-process executor), ``lowering`` (actor plans for the
+runtime). Importing it attaches the gradient rules to the op library's ops.
 """
 
 from __future__ import annotations
 
 from .. import models  # noqa: F401  (the zoo, also reachable as sl.models)
-from . import grad_ops, grad_ops_nn, optim_ops, presets  # noqa: F401  (registers ops)
+from ..ops.signature_text import SignatureError, parse_signature  # one class and parser, shared with eager
 from .api import Compiled, compile, compile_graph
-from .autodiff import add_backward, differentiate
-from .builder import GraphBuilder, Value
-from .deduce import Deduction, deduce
-from .executor import LocalExecutor
-from .fx_frontend import UnsupportedModelError, from_torch
-from .grad_rules import attach_rules
+from .deduction import presets  # noqa: F401  (sl.presets)
+from .deduction.caches import clear_caches
+from .deduction.deduce import Deduction, deduce
+from .deduction.ranking import Option, options
+from .deduction.signature_hints import SignatureHint
+from .deduction.strategy import Hint, HintError, Strategy
+from .frontend.builder import GraphBuilder, Value
+from .frontend.from_torch import UnsupportedModelError, from_torch
 from .interpret import interpret
 from .ir import Graph, GraphError, OpNode, TensorNode
-from .lower import lower
-from .memo import clear_caches
-from .optim import SGD, Adam, AdamW
-from .physical import Collective, PhysicalGraph, PhysNode, Ref
-from .ranking import Option, options
-from .signature_hints import SignatureError, SignatureHint, parse_signature
-from .strategy import Hint, HintError, Strategy
+from .physical.expand import lower
+from .physical.graph import PhysCollective, PhysicalGraph, PhysNode, PhysRef
+from .physical.local_executor import LocalExecutor
+from .training.autodiff import add_backward, differentiate
+from .training.grad_rules import attach_rules
+from .training.optim import SGD, Adam, AdamW
 
 attach_rules()
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "Collective", "Compiled", "Deduction", "Graph", "GraphBuilder", "GraphError",
-    "Hint", "HintError", "LocalExecutor", "OpNode", "PhysNode", "PhysicalGraph", "Ref", "Strategy",
+    "SGD", "Adam", "AdamW", "PhysCollective", "Compiled", "Deduction", "Graph", "GraphBuilder", "GraphError",
+    "Hint", "HintError", "LocalExecutor", "OpNode", "PhysNode", "PhysicalGraph", "PhysRef", "Strategy",
     "TensorNode", "UnsupportedModelError", "Value", "add_backward", "compile", "compile_graph", "deduce",
     "differentiate", "from_torch", "interpret", "lower", "models", "presets",
     "Option", "SignatureError", "SignatureHint", "clear_caches", "options", "parse_signature",

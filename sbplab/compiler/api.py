@@ -8,39 +8,70 @@
     print(c.dump())                 # every tensor with its SBP and local shape
     print(c.explain("blocks_0_fc1"))  # why that op got its signature
     ex = c.executor(); loss = ex.step({"x": x, "target": y})
+    with sl.LocalCluster(4) as cluster:
+        result = cluster.run(c, (x, y), steps=3)   # inputs in the order of c.graph.inputs
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..cluster import Cluster
-from .autodiff import add_backward
-from .deduce import Deduction, deduce
-from .executor import LocalExecutor, initial_shards
-from .fx_frontend import from_torch
-from .ir import Graph, GraphError
-from .lower import lower
-from .memory import MemoryReport, memory_report
-from .optim import SGD
-from .physical import PhysicalGraph
-from .presets import as_mesh
-from .strategy import Strategy
+from ..hardware import Hardware
+from ..runtime.actor_plan import ActorPlan
+from ..runtime.results import Batches
+from .deduction.deduce import Deduction, deduce
+from .deduction.presets import as_mesh
+from .deduction.strategy import Strategy
+from .ir import Graph
+from .lowering.feeds import step_feeds
+from .lowering.to_actors import lower_to_actors
+from .physical.expand import lower
+from .physical.graph import PhysicalGraph
+from .physical.local_executor import LocalExecutor, initial_shards
+from .physical.memory import MemoryReport, memory_report
+from .training.training_graph import trace_training_graph, training_graph
 
 
 @dataclass
 class Compiled:
-    """A compiled training step: the training graph, its deduction, physical graph and memory."""
+    """A compiled training step: the training graph, its deduction, physical graph and memory.
+
+    It is what ``LocalCluster.run`` takes: ``plan(world_size=...)`` is its actor plan and
+    ``feeds(inputs)`` checks and names the user's inputs (the runtime needs nothing else from it).
+    """
 
     graph: Graph
     strategy: Strategy
     deduction: Deduction
     physical: PhysicalGraph
     memory: MemoryReport
+    _plans: dict[tuple, ActorPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def plan(self, world_size: int | None = None, registers: int | None = None, outputs: bool = False,
+             order: str = "derive") -> ActorPlan:
+        """The runtime's actor plan of this step (``lower_to_actors``), made once per arguments.
+
+        world_size: ranks of the cluster it runs on (default: the ranks the strategy uses; more
+            ranks idle). registers, outputs, order: see ``lower_to_actors``.
+        """
+        key = (world_size, registers, outputs, order)
+        if key not in self._plans:
+            self._plans[key] = lower_to_actors(self.physical, self.graph, registers=registers, outputs=outputs,
+                                               name=self.strategy.name, world_size=world_size, order=order)
+        return self._plans[key]
+
+    def feeds(self, inputs: Any) -> Batches:
+        """User inputs as the graph's named inputs, each checked against the compiled shape and dtype.
+
+        inputs: a tuple/list in the order of ``graph.inputs`` (the module's example inputs, then the
+            target), a dict by input name, the tensor itself when there is one input; or a list of
+            those (one per step) or a function of the step that returns one.
+        """
+        return step_feeds(self.graph, inputs)
 
     def executor(self) -> LocalExecutor:
         """An in-process executor holding every rank's shards (fresh parameter values)."""
@@ -69,32 +100,28 @@ class Compiled:
 
 
 def compile_graph(graph: Graph, optimizer: Any = None, strategy: Strategy | None = None,
-                  cluster: Cluster | None = None) -> Compiled:
+                  hardware: Hardware | None = None) -> Compiled:
     """Training graph (backward, optimizer) of a forward ``graph`` with a loss, deduced and lowered."""
     strategy = strategy or Strategy(as_mesh(1), name="single device")
-    g = graph.copy()
-    add_backward(g, strategy.micro_batches)
-    (optimizer or SGD()).build(g)
-    d = deduce(g, strategy, cluster)
+    return compile_training_graph(training_graph(graph, strategy.micro_batches, optimizer), strategy, hardware)
+
+
+def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Compiled:
+    """Deduce, lower and size a training graph ``g`` (backward and update already added)."""
+    d = deduce(g, strategy, hardware)
     phys = lower(d)
     return Compiled(g, strategy, d, phys, memory_report(d, phys))
 
 
 def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None = None,
             target: torch.Tensor | None = None, optimizer: Any = None, strategy: Strategy | None = None,
-            cluster: Cluster | None = None) -> Compiled:
+            hardware: Hardware | None = None) -> Compiled:
     """Trace ``module`` and compile its training step under ``strategy``.
 
     ``example_inputs`` and ``target`` are one full batch; with M micro-batches the module is traced
-    on the first 1/M of it, so the batch size must divide by M.
+    on the first 1/M of it, so the batch size must divide by M. The step then takes batches of
+    exactly this size (``step.feeds`` checks them).
     """
     strategy = strategy or Strategy(as_mesh(1), name="single device")
-    m = strategy.micro_batches
-    xs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    tensors = list(xs) + ([target] if target is not None else [])
-    for t in tensors:
-        if t.shape[0] % m:
-            raise GraphError(f"batch size {t.shape[0]} does not divide into {m} micro-batches")
-    xs = tuple(t[: t.shape[0] // m] for t in xs)
-    tgt = target[: target.shape[0] // m] if target is not None else None
-    return compile_graph(from_torch(module, xs, loss_fn, tgt), optimizer, strategy, cluster)
+    g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer)
+    return compile_training_graph(g, strategy, hardware)

@@ -14,18 +14,12 @@ from typing import Any
 
 import torch
 
+from ..freeze import freeze
 from ..ops.registry import TensorMeta, get_op
 from ..placement import Placement
 
 ROLES = ("input", "param", "const", "state", "activation", "grad")
 PHASES = ("forward", "backward", "update")
-
-
-def freeze_attr(v: Any) -> Any:
-    """Attributes must be hashable: lists become tuples, torch.Size a tuple of ints."""
-    if isinstance(v, (list, tuple, torch.Size)):
-        return tuple(freeze_attr(x) for x in v)
-    return v
 
 
 class GraphError(ValueError):
@@ -153,7 +147,7 @@ class Graph:
                forward_op: str | None = None) -> OpNode:
         """Append an op; output shapes come from the registry's inference."""
         opdef = get_op(type)
-        attrs = {k: freeze_attr(v) for k, v in (attrs or {}).items()}
+        attrs = {k: freeze(v) for k, v in (attrs or {}).items()}
         for i in inputs:
             if i not in self.tensors:
                 raise GraphError(f"op {type!r} reads {i!r}, which is not a tensor of this graph")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .api import Compiled, compile
-from .strategy import Strategy
+from .deduction.strategy import Strategy
 
 
 @dataclass

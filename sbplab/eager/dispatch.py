@@ -1,10 +1,11 @@
-"""Eager dispatch: pick an op's signature the way OneFlow does, box the inputs, run every shard.
+"""Eager dispatch: pick an op's signature with the shared chooser, box the inputs, run every shard.
 
-Inputs keep their SBP where a signature accepts them; otherwise the cheapest signature wins,
-counting the estimated time of the boxing it needs (then bytes, then the number of steps, then the
-per-rank FLOPs, so that among free choices the one that splits the work is preferred). The user
-can force a signature or an output SBP. Decisions are cached per (op, shapes, attrs, SBPs,
-placement), so a repeated op costs a dictionary lookup plus its kernels.
+The choice is ``sbplab.ops.choose.rank_signatures``, the same rule the compiler's deduction uses:
+inputs keep their SBP where a signature accepts them (that signature costs nothing), otherwise the
+signature whose input boxing takes the least estimated time wins (then bytes, steps, per-rank FLOPs).
+Eager knows nothing downstream of the op, so it passes no extra term. The user can force a signature
+or an output SBP. Decisions are cached per (op, shapes, attrs, SBPs, placement), so a repeated op
+costs a dictionary lookup plus its kernels.
 """
 
 from __future__ import annotations
@@ -12,23 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..boxing import plan_boxing
-from ..cluster import Cluster
-from ..ops.registry import (
-    NdSignature,
-    TensorMeta,
-    _freeze,
-    get_op,
-    local_context,
-    nd_signatures,
-)
+from ..boxing import BoxingPlan, plan_boxing
+from ..hardware import Hardware
+from ..ops.choose import BoxingCost, RankedSignature, rank_signatures
+from ..ops.registry import NdSignature, TensorMeta, _freeze, get_op, local_context, nd_signatures
+from ..ops.signature_text import SignatureError, as_raw, to_nd_signature, valid_text
 from ..placement import Placement
-from ..sbp import NdSbp, as_nd_sbp, fmt_sbp, parse_sbp
-from .records import Candidate
-
-
-class SignatureError(ValueError):
-    """No signature of an op accepts what the user asked for."""
+from ..sbp import NdSbp, as_nd_sbp, fmt_sbp
 
 
 @dataclass
@@ -36,109 +27,96 @@ class Decision:
     """Everything dispatch decided for one (op, inputs) situation; cached and reused."""
 
     signature: NdSignature
-    candidates: list[Candidate]  # cheapest first; [0] is the chosen one
-    input_plans: list  # BoxingPlan per input (possibly empty plans)
+    candidates: list[RankedSignature]  # cheapest first; [0] is the chosen one
+    input_plans: list[BoxingPlan]  # per input (an empty plan where it is read as it is)
     out_metas: list[TensorMeta]
     local_attrs: dict[int, dict]  # rank -> attrs for that shard
-    forced: str
+    forced: str  # "", "signature" or "output sbp"
 
 
-_DEFAULT_CLUSTER: list[Cluster] = []
+_DEFAULT_HARDWARE: list[Hardware] = []
 
 
-def default_cluster() -> Cluster:
-    if not _DEFAULT_CLUSTER:
-        _DEFAULT_CLUSTER.append(Cluster.cpu_box())
-    return _DEFAULT_CLUSTER[0]
+def default_hardware() -> Hardware:
+    if not _DEFAULT_HARDWARE:
+        _DEFAULT_HARDWARE.append(Hardware.cpu_box())
+    return _DEFAULT_HARDWARE[0]
 
 
-def set_default_cluster(cluster: Cluster) -> None:
-    """The cluster model used to cost eager boxing (``sl.Cluster.h100_node()`` etc.)."""
-    _DEFAULT_CLUSTER[:] = [cluster]
+def set_default_hardware(hardware: Hardware) -> None:
+    """The hardware model used to cost eager boxing (``sl.Hardware.h100_node()`` etc.)."""
+    _DEFAULT_HARDWARE[:] = [hardware]
     _CACHE.clear()
 
 
-def _parse_signature(text: str | NdSignature, n_in: int, mesh_ndim: int, op: str) -> NdSignature:
-    if isinstance(text, NdSignature):
-        return text
-    if "->" not in text:
-        raise SignatureError(f"{op}: a signature is written 'in0, in1 -> out', got {text!r}")
-    lhs, rhs = text.split("->")
-    if mesh_ndim == 1:
-        ins = tuple((x,) for x in parse_sbp(lhs))
-        outs = tuple((x,) for x in parse_sbp(rhs))
-    else:
-        raise SignatureError(f"{op}: on a {mesh_ndim}-D mesh pass an NdSignature or an output sbp")
-    if len(ins) != n_in:
-        raise SignatureError(f"{op}: signature {text!r} has {len(ins)} inputs, the op has {n_in}")
-    return NdSignature(ins, outs)
-
-
-def _list_valid(sigs: Sequence[NdSignature], limit: int = 12) -> str:
-    body = "; ".join(str(s) for s in sigs[:limit])
-    return body + (f"; ... ({len(sigs) - limit} more)" if len(sigs) > limit else "")
-
-
-def _candidate(sig: NdSignature, shapes, dtypes, in_sbps, placement, cluster, op, in_metas, attrs):
-    plans = [plan_boxing(shape, src, dst, placement, dtype=dt, cluster=cluster)
-             for shape, dt, src, dst in zip(shapes, dtypes, in_sbps, sig.inputs)]
-    rank0 = placement.rank_list[0]
-    ctx = local_context(op, in_metas, attrs, sig, placement, rank0)
-    local_metas = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, in_metas)]
-    local_out = op.infer(local_metas, op.localize(dict(attrs), ctx))
-    cand = Candidate(sig, sum(int(p.total_bytes) for p in plans), sum(float(p.time_s) for p in plans),
-                     sum(len(p.steps) for p in plans), int(op.flops(local_metas, local_out, attrs)))
-    return cand, plans
+def _wanted_signature(text: str | NdSignature, in_metas: Sequence[TensorMeta], out_metas: Sequence[TensorMeta],
+                      placement: Placement, op: str, valid: list[NdSignature]) -> NdSignature:
+    """The signature the user forced, normalised; a SignatureError naming the valid ones otherwise."""
+    raw = as_raw(text, op)  # bad text is a SignatureError, a wrong type a TypeError
+    try:
+        want = to_nd_signature(raw, [len(m.shape) for m in in_metas], [len(m.shape) for m in out_metas],
+                               placement.ndim)
+    except ValueError as e:
+        raise SignatureError(op, f"{op}: signature {text!r} does not fit its tensors on a {placement.ndim}-D "
+                                 f"mesh: {e}. Valid signatures: {valid_text(valid)}") from None
+    if want not in valid:
+        raise SignatureError(
+            op, f"{op}: signature {want} is not valid for inputs "
+                f"{', '.join(f'{tuple(m.shape)}' for m in in_metas)} on a mesh of shape {placement.shape}. "
+                f"Valid signatures: {valid_text(valid)}")
+    return want
 
 
 def decide(op_name: str, in_metas: Sequence[TensorMeta], in_sbps: Sequence[NdSbp], attrs: dict,
            placement: Placement, signature: str | NdSignature | None = None,
-           out_sbp: NdSbp | None = None, cluster: Cluster | None = None) -> Decision:
+           out_sbp: NdSbp | None = None, hardware: Hardware | None = None) -> Decision:
     """Choose the signature for one op call (cached)."""
-    cluster = cluster or default_cluster()
+    hardware = hardware or default_hardware()
     key = (op_name, tuple(in_metas), tuple(in_sbps), _freeze(attrs), placement, str(signature),
-           out_sbp, id(cluster))
+           out_sbp, id(hardware))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
     op = get_op(op_name)
     valid = nd_signatures(op, in_metas, attrs, placement)
-    shapes = [m.shape for m in in_metas]
-    dtypes = [m.dtype for m in in_metas]
+    out_metas = list(op.infer(in_metas, attrs))
+    plans: dict[tuple[int, NdSbp], BoxingPlan] = {}
+
+    def plan(i: int, want: NdSbp) -> BoxingPlan:
+        if (i, want) not in plans:
+            plans[(i, want)] = plan_boxing(in_metas[i].shape, in_sbps[i], want, placement,
+                                           dtype=in_metas[i].dtype, hardware=hardware)
+        return plans[(i, want)]
+
+    def rank(allowed=None) -> list[RankedSignature]:
+        return rank_signatures(op, in_metas, attrs, placement, in_sbps,
+                               lambda i, want: BoxingCost.of(plan(i, want)), allowed=allowed)
+
     forced = ""
-    pool = valid
     if signature is not None:
-        want = _parse_signature(signature, len(in_metas), placement.ndim, op_name)
-        if want not in valid:
-            raise SignatureError(
-                f"{op_name}: signature {want} is not valid for inputs "
-                f"{', '.join(f'{tuple(m.shape)}' for m in in_metas)} on a mesh of shape {placement.shape}. "
-                f"Valid signatures: {_list_valid(valid)}")
-        pool, forced = [want], "signature"
-    elif out_sbp is not None:
-        pool = [s for s in valid if s.outputs[0] == out_sbp]
-        forced = "output sbp"
-        if not pool:
-            outs = sorted({fmt_sbp(s.outputs[0]) for s in valid})
-            raise SignatureError(
-                f"{op_name}: no signature produces output SBP {fmt_sbp(out_sbp)}; "
-                f"possible output SBPs: {', '.join(outs)} (or convert afterwards with .to_global)")
-    scored = [_candidate(s, shapes, dtypes, in_sbps, placement, cluster, op, in_metas, attrs) for s in pool]
-    order = sorted(range(len(scored)), key=lambda i: scored[i][0].cost_key())
-    best_cand, best_plans = scored[order[0]]
-    others = []
-    if forced == "signature":  # still show what the free choice would have cost
-        others = [_candidate(s, shapes, dtypes, in_sbps, placement, cluster, op, in_metas, attrs)[0]
-                  for s in valid if s != best_cand.signature]
-        others.sort(key=Candidate.cost_key)
+        want = _wanted_signature(signature, in_metas, out_metas, placement, op_name, valid)
+        best = rank(lambda s: s == want)[0]
+        others = [c for c in rank() if c.signature != want]  # still show what the free choice would cost
+        forced = "signature"
     else:
-        others = [scored[i][0] for i in order[1:]]
+        if out_sbp is not None:
+            forced = "output sbp"
+            ranked = rank(lambda s: s.outputs[0] == out_sbp)
+            if not ranked:
+                outs = sorted({fmt_sbp(s.outputs[0]) for s in valid})
+                raise SignatureError(
+                    op_name, f"{op_name}: no signature produces output SBP {fmt_sbp(out_sbp)}; "
+                             f"possible output SBPs: {', '.join(outs)} (or convert afterwards with .to_global)")
+        else:
+            ranked = rank()
+        best, others = ranked[0], ranked[1:]
+    sig = best.signature
     local_attrs = {}
     for r in placement.rank_list:
-        ctx = local_context(op, in_metas, attrs, best_cand.signature, placement, r)
+        ctx = local_context(op, in_metas, attrs, sig, placement, r)
         local_attrs[r] = op.localize(dict(attrs), ctx)
-    dec = Decision(best_cand.signature, [best_cand, *others], best_plans,
-                   list(op.infer(in_metas, attrs)), local_attrs, forced)
+    dec = Decision(sig, [best, *others], [plan(i, w) for i, w in enumerate(sig.inputs)], out_metas,
+                   local_attrs, forced)
     _CACHE[key] = dec
     return dec
 

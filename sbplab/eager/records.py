@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fmt import fmt_bytes, fmt_time
+from ..ops.choose import RankedSignature
 from ..sbp import NdSbp, fmt_sbp
 
 
@@ -48,20 +49,6 @@ class BoxingRecord:
 
 
 @dataclass
-class Candidate:
-    """A signature that was considered, with the cost of the boxing it would need."""
-
-    signature: Any  # NdSignature
-    boxing_bytes: int
-    boxing_time_s: float
-    boxing_steps: int
-    local_flops: int
-
-    def cost_key(self) -> tuple:
-        return (self.boxing_time_s, self.boxing_bytes, self.boxing_steps, self.local_flops)
-
-
-@dataclass
 class OpRecord:
     """One eager op: its inputs' SBPs, the chosen signature, the rejected ones, the boxings."""
 
@@ -69,8 +56,8 @@ class OpRecord:
     output: str
     input_names: list[str]
     input_sbps: list[NdSbp]
-    chosen: Candidate
-    rejected: list[Candidate]
+    chosen: RankedSignature
+    rejected: list[RankedSignature]
     boxings: list[BoxingRecord] = field(default_factory=list)
     forced: str = ""  # "signature" or "output sbp" when the user forced a choice
 

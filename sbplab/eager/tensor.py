@@ -21,7 +21,7 @@ from ..ops.registry import TensorMeta, get_op
 from ..placement import Placement
 from ..sbp import B, NdSbp, as_nd_sbp, fmt_sbp
 from ..viz.layout_picture import type_string
-from .dispatch import decide, default_cluster, normalise_out_sbp
+from .dispatch import decide, default_hardware, normalise_out_sbp
 from .records import BoxingRecord, OpRecord, Record, emit
 
 _names = itertools.count()
@@ -86,17 +86,17 @@ class GlobalTensor:
                 f"placement={self.placement}, local={loc})")
 
     # --- changing layout --------------------------------------------------------------------
-    def to_global(self, placement: Placement | None = None, sbp=None, cluster=None) -> GlobalTensor:
+    def to_global(self, placement: Placement | None = None, sbp=None, hardware=None) -> GlobalTensor:
         """Box to another SBP and/or placement; the plan is kept in ``.record``."""
         dst_p = placement or self.placement
         dst_sbp = self.sbp if sbp is None else as_nd_sbp(sbp, dst_p.ndim, self.ndim, what=self.name)
-        return self._box(dst_sbp, dst_p, reason="to_global", cluster=cluster)
+        return self._box(dst_sbp, dst_p, reason="to_global", hardware=hardware)
 
-    def _box(self, dst_sbp: NdSbp, dst_p: Placement, reason: str, plan=None, cluster=None) -> GlobalTensor:
+    def _box(self, dst_sbp: NdSbp, dst_p: Placement, reason: str, plan=None, hardware=None) -> GlobalTensor:
         if plan is None:
             plan = plan_boxing(tuple(self.shape), self.sbp, dst_sbp, self.placement,
                                dst_placement=None if dst_p == self.placement else dst_p,
-                               dtype=self.dtype, cluster=cluster or default_cluster())
+                               dtype=self.dtype, hardware=hardware or default_hardware())
         rec = BoxingRecord(self.name, reason, plan)
         out = GlobalTensor(plan.run(self.shards), dst_p, dst_sbp, self.shape,
                            name=f"{self.name}'", record=rec)

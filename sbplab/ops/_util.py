@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import torch
 
+from ..layout import numel  # noqa: F401  (the op files' shorthand, defined once)
 from ..sbp import B, Partial, SbpParallel
 from .registry import Signature, TensorMeta
 
@@ -89,13 +90,6 @@ def need_int(op: str, m: TensorMeta, what: str) -> None:
 def need_float(op: str, m: TensorMeta, what: str) -> None:
     if not m.dtype.is_floating_point:
         fail(op, f"{what} must be a floating point tensor, got {m.dtype} of shape {m.shape}")
-
-
-def numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def float_dtype(d: torch.dtype) -> torch.dtype:

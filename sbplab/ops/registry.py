@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from ..layout import Block, local_block
+from ..freeze import freeze
+from ..freeze import freeze as _freeze  # noqa: F401  (the name ops/choose.py and eager/dispatch.py import)
+from ..layout import Block, local_block, numel
 from ..placement import Placement
 from ..sbp import B, NdSbp, SbpParallel, fmt_sbp, normalize_split
 
@@ -31,10 +33,7 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -203,23 +202,13 @@ def _nd_valid(op: OpDef, in_metas: tuple[TensorMeta, ...], attrs: dict, sig: NdS
     return True
 
 
-def _freeze(attrs: dict) -> tuple:
-    def f(v):
-        if isinstance(v, (list, tuple)):
-            return tuple(f(x) for x in v)
-        if isinstance(v, dict):
-            return tuple(sorted((k, f(x)) for k, x in v.items()))
-        return v
-    return f(attrs)
-
-
 @lru_cache(maxsize=4096)
 def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: tuple,
                           mesh_shape: tuple[int, ...]) -> tuple[NdSignature, ...]:
     op = get_op(name)
     attrs = dict(frozen)
-    placement = Placement("cpu", list(range(_prod(mesh_shape))) if len(mesh_shape) == 1 else
-                          torch.arange(_prod(mesh_shape)).reshape(mesh_shape).tolist())
+    placement = Placement("cpu", list(range(numel(mesh_shape))) if len(mesh_shape) == 1 else
+                          torch.arange(numel(mesh_shape)).reshape(mesh_shape).tolist())
     ones = one_d_signatures(op, in_metas, attrs)
     out: list[NdSignature] = []
     for combo in itertools.product(ones, repeat=len(mesh_shape)):
@@ -232,13 +221,6 @@ def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: t
     return tuple(out)
 
 
-def _prod(xs: Sequence[int]) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
-
-
 def nd_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict,
                   placement: Placement) -> list[NdSignature]:
     """All valid n-D signatures of ``op`` for these inputs on this mesh (all-B first).
@@ -248,7 +230,7 @@ def nd_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict,
     passed to the op as tuples).
     """
     op = get_op(op) if isinstance(op, str) else op
-    return list(_nd_signatures_cached(op.name, tuple(in_metas), _freeze(attrs), placement.shape))
+    return list(_nd_signatures_cached(op.name, tuple(in_metas), freeze(attrs), placement.shape))
 
 
 def run_local(op: OpDef | str, local_inputs: Sequence[torch.Tensor], attrs: dict,

@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
+from .actor_plan import ActorPlan, CommSlot, RankPlan
 from .cluster import LocalCluster
 from .faults import RunError
-from .lower import lower_to_actors
-from .plan import ActorPlan, CommSlot, RankPlan
 from .results import RunResult
+from .runnable import Runnable
 from .specs import (
     Accumulate,
     Actor,
@@ -30,6 +30,6 @@ from .trace import Trace, TraceEvent
 
 __all__ = [
     "Accumulate", "Actor", "ActorPlan", "Collective", "CommSlot", "Compute", "LocalCluster", "PlanError",
-    "RankPlan", "Recv", "Ref", "RunError", "RunResult", "Send", "Sink", "Source", "State", "Trace",
-    "TraceEvent", "lower_to_actors",
+    "RankPlan", "Recv", "Ref", "RunError", "RunResult", "Runnable", "Send", "Sink", "Source", "State", "Trace",
+    "TraceEvent",
 ]

@@ -1,38 +1,40 @@
 """LocalCluster: persistent worker processes, one per rank, driven from a notebook or a script.
 
     with sl.LocalCluster(4) as cluster:           # 4 Gloo ranks on this machine
-        result = cluster.run(plan, batches, steps=3)
+        result = cluster.run(step, (x, y), steps=3)  # a compiled step, or an ActorPlan and its batches
 
-Workers connect back to the driver over a ``multiprocessing.connection`` socket (authenticated
-with a token by HMAC; messages are pickles, so anyone holding the token can run code in the
-driver and the workers: keep the token secret and listen on loopback unless the network is
-trusted). The driver listens on 127.0.0.1 by default and refuses any other address without an
-explicit token. Workers of other machines join with
+Trust: driver and workers exchange pickles, so whoever can talk to the driver's port with the token
+can run code in the driver and in every worker. So every cluster has a random token (32 bytes from
+``secrets``, or ``token=``), checked by multiprocessing's HMAC challenge (constant time) in a thread of
+its own per connection, bounded in time and size, before anything is unpickled. The driver listens on
+127.0.0.1 unless ``host=`` names another address, which also needs an explicit ``token=``; the
+rendezvous store of spawned workers listens on 127.0.0.1 only. Spawned workers get the token in their
+environment, never on the command line. Workers of other machines join with
 ``SBPLAB_TOKEN=... torchrun ... -m sbplab.worker --driver HOST:PORT`` (``launch="external"``).
 
-A failed or interrupted run kills the workers (a half-finished collective would leave the process
-groups out of step); spawned workers come back on the next run.
-
-Workers are started with multiprocessing's spawn method, which re-imports a script's main module:
-in a script, create clusters under ``if __name__ == "__main__":`` (notebooks need nothing).
+Spawned workers are fresh ``python -m sbplab.worker`` processes in their own process group: any driver
+works (notebook, script, stdin, ``python -c``; no ``if __name__ == "__main__"`` guard needed) and a
+Jupyter interrupt of the kernel does not reach them. A failed or interrupted run kills the workers (a
+half-finished collective would leave the process groups out of step); a worker that died between runs
+(OOM killer) turns ``alive`` False. Either way spawned workers come back on the next run.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
-import secrets
 import socket
-import threading
-import time
 from collections.abc import Callable
-from multiprocessing.connection import Listener
+from typing import Any
 
-from .driver import Driver, RunOptions, accept_forever
-from .plan import ActorPlan
-from .results import Batches, RunResult
-from .worker import LOOPBACK_TOKEN, worker_main
+from .accept import Acceptor, listen_socket
+from .activity import ActivityBoard
+from .actor_plan import ActorPlan
+from .driver import Driver, RunOptions
+from .results import RunResult
+from .runnable import Runnable, plan_and_batches
+from .spawn import WorkerProcess, reap, spawn_worker
+from .tokens import new_token
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -48,8 +50,9 @@ class LocalCluster:
 
     launch: "spawn" starts the workers here; "external" waits for ``n`` workers started elsewhere
         (torchrun) to connect to ``address``.
-    host, port: where the driver listens (port 0: a free one).
-    token: shared secret; required unless ``host`` is loopback.
+    host, port: where the driver listens (port 0: a free one). Loopback unless you name a host.
+    token: shared secret (a str); required unless ``host`` is loopback, random (``secrets``) if not given.
+        ``cluster.token`` gives it to external workers ($SBPLAB_TOKEN or a chmod 600 ``--token-file``).
     threads: torch intra-op threads per worker (default: cores divided among the workers).
     start_timeout: seconds to wait for all workers to join.
     """
@@ -63,6 +66,8 @@ class LocalCluster:
             raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
         if launch not in ("spawn", "external"):
             raise ValueError(f"launch must be 'spawn' or 'external', got {launch!r}")
+        if token is not None and not isinstance(token, str):
+            raise TypeError(f"token must be a str (workers read it from $SBPLAB_TOKEN), got {type(token).__name__}")
         if host not in _LOOPBACK and not token:
             raise ValueError(f"listening on {host!r} (not loopback) needs a shared token=; workers pass the "
                              f"same one as $SBPLAB_TOKEN")
@@ -73,39 +78,47 @@ class LocalCluster:
             if have < n:
                 raise ValueError(f"{n} cuda ranks need {n} GPUs (one per rank); this machine has {have}")
         self.n, self.device_type, self.launch = n, device_type, launch
-        if token:
-            self._token = token.encode()
-        else:
-            self._token = secrets.token_hex(16).encode() if launch == "spawn" else LOOPBACK_TOKEN
+        self._token = token or new_token()
         self._threads = threads or max(1, (os.cpu_count() or 1) // n)
         self._start_timeout = start_timeout
-        self._listener = Listener((host, port), authkey=self._token, backlog=max(n, 8))
-        self.address: tuple[str, int] = self._listener.address  # type: ignore[assignment]
-        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=accept_forever, args=(self._listener, self._incoming), daemon=True,
-                         name="sbplab-accept").start()
-        self._procs: list = []
-        self._activity: list = []
+        self._procs: list[WorkerProcess] = []
+        self._board: ActivityBoard | None = None
+        self._slots: list = []
         self.driver: Driver | None = None
         self.closed = False
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()  # (connection, hello) of joined workers
+        self._acceptor = Acceptor(listen_socket(host, port, backlog=max(n, 8)), self._token.encode(),
+                                  self._incoming)
+        self.address: tuple[str, int] = self._acceptor.address
         if launch == "spawn":
-            self._start()
+            try:
+                self._start()
+            except BaseException:
+                self.close()
+                raise
+
+    @property
+    def token(self) -> str:
+        """The shared secret workers must hold (keep it secret: it lets its holder run code here)."""
+        return self._token
 
     # --- life cycle --------------------------------------------------------------------------------
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self._activity = [ctx.RawArray("q", 4) for _ in range(self.n)]
-        self._procs = [ctx.Process(target=worker_main, args=(self.address, self._token, r, self._activity[r]),
-                                   name=f"sbplab-rank{r}", daemon=True) for r in range(self.n)]
-        for p in self._procs:
-            p.start()
-        init = "store"  # rank 0 opens a TCPStore on a port of the OS's choosing
-        self.driver = Driver(self._listener, self._incoming, self.n, self.device_type, init, self._threads,
-                             self._procs, self._activity)
+        """Spawn ``n`` fresh workers and wait until they have joined and formed the process group."""
+        if self._board is None:
+            self._board = ActivityBoard.create(self.n)
+            self._slots = self._board.slots()
+        self._board.clear()
         try:
+            for r in range(self.n):
+                self._procs.append(spawn_worker(self.address, self._token, r, self._board.path))
+            init = "store"  # rank 0 opens a TCPStore on a loopback port of the OS's choosing
+            self.driver = Driver(self.address, self._incoming, self.n, self.device_type, init, self._threads,
+                                 self._procs, self._slots)
             self.driver.connect(self._start_timeout)
         except BaseException:
             self._kill()
+            self.driver = None
             raise
 
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -114,7 +127,7 @@ class LocalCluster:
             if self.launch == "spawn":
                 self._start()
                 return
-            self.driver = Driver(self._listener, self._incoming, self.n, self.device_type, "env://",
+            self.driver = Driver(self.address, self._incoming, self.n, self.device_type, "env://",
                                  self._threads, [], [])
             try:
                 self.driver.connect(timeout or self._start_timeout)
@@ -124,21 +137,25 @@ class LocalCluster:
 
     @property
     def alive(self) -> bool:
-        """True while workers are up and in step (a failed run takes them down)."""
+        """True while workers are up and in step: a failed run takes them down, and a worker that died
+        since the last run (OOM killer, a signal) is noticed here; the next run starts fresh ones."""
         return self.driver is not None and self.driver.healthy
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p.pid is not None]
+        return [p.pid for p in self._procs]
 
-    def run(self, plan: ActorPlan, batches: Batches | None = None, steps: int = 1, *, timeout: float = 10.0,
+    def run(self, step: ActorPlan | Runnable, inputs: Any = None, steps: int = 1, *, timeout: float = 10.0,
             progress: bool | None = None, params: bool = True, trace: bool = True,
             on_step: Callable[[int, int, float | None], None] | None = None) -> RunResult:
-        """Run ``steps`` training steps of ``plan`` and return losses, final parameters and a trace.
+        """Run ``steps`` training steps and return losses, final parameters and a trace.
 
-        plan: an ActorPlan, or a compiled training step (``sl.compile(...)``), lowered here.
-        batches: one mapping feed -> global tensor per step (or one for every step, or a function of
-            the step); sources cut their shards from it.
+        step: an ActorPlan, or a compiled training step (``sl.compile(...)``; any ``Runnable``: it
+            gives its plan for this cluster's ranks and checks its inputs).
+        inputs: for an ActorPlan, the batches: one mapping feed -> global tensor per step (or one
+            for every step, or a function of the step); sources cut their shards from it. For a
+            compiled step, whatever its ``feeds`` takes: e.g. ``(idx, targets)`` in the order of
+            ``step.graph.inputs``, a dict by input name, or a list of those (one per step).
         timeout: seconds without any rank finishing a firing before the run counts as hung.
         progress: a bar over steps (default: on when stderr is a terminal or in a notebook).
         on_step: ``on_step(step, steps, loss)`` is called here, in the driver, as each step finishes on
@@ -149,13 +166,7 @@ class LocalCluster:
         """
         if self.closed:
             raise RuntimeError("this LocalCluster is closed; create a new one")
-        if not isinstance(plan, ActorPlan):
-            if not (hasattr(plan, "physical") and hasattr(plan, "graph")):
-                raise TypeError(f"run needs an ActorPlan or a compiled step, got {type(plan).__name__}")
-            from .lower import lower_to_actors
-
-            plan = lower_to_actors(plan.physical, plan.graph, world_size=self.n,
-                                   name=getattr(plan.strategy, "name", "compiled"))
+        plan, batches = plan_and_batches(step, inputs, self.n)
         if self.driver is not None and not self.driver.healthy:
             self._kill()
             self.driver = None
@@ -187,30 +198,48 @@ class LocalCluster:
                 self._kill()
             raise
 
+    def calibrate(self, steps: Any = None, **options: Any) -> Any:
+        """Measure these workers once and return a calibrated ``sbplab.Hardware`` for the simulator:
+        collectives per mesh axis (alpha-beta fits), the runtime's overhead per firing, the compute ops
+        of ``steps`` (compiled steps or ActorPlans) and the machine's peaks, cached on disk per machine.
+
+        It only runs ordinary plans, so it works the same for workers started with torchrun
+        (``launch="external"``). ``options``: see ``sbplab.runtime.calibrate.calibrate``.
+        """
+        from .calibrate import calibrate
+
+        return calibrate(self, steps, **options)
+
     def _kill(self) -> None:
         """Kill spawned workers and reap them; close connections to external ones."""
         if self.driver is not None:
             self.driver.close_connections()
-        for p in self._procs:
-            if p.is_alive():
-                p.kill()
-        for p in self._procs:
-            p.join(timeout=10)
-        self._procs = []
+        procs, self._procs = self._procs, []
+        reap(procs)  # SIGKILL to each worker's process group, then reap (a Ctrl-C here does not stop it)
 
     def close(self) -> None:
-        """Stop every worker; no process is left behind. Safe to call twice."""
+        """Stop every worker, the accept thread and the port; no process is left behind, even when
+        Ctrl-C interrupts the close. Safe to call twice."""
         if self.closed:
             return
         self.closed = True
-        if self.driver is not None and self.driver.healthy:
-            self.driver.shutdown()
-        deadline = time.monotonic() + 5
-        for p in self._procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-        self._kill()
-        self.driver = None
-        self._listener.close()
+        try:
+            if self.driver is not None and self.driver.healthy:
+                self.driver.shutdown()
+            procs, self._procs = self._procs, []
+            reap(procs, grace_s=5.0)  # clean exits first (they leave their process groups), then SIGKILL
+        finally:
+            try:
+                self._kill()
+            finally:
+                self.driver = None
+                self._acceptor.close()
+                while not self._incoming.empty():  # workers that joined but were never taken in
+                    self._incoming.get_nowait()[0].close()
+                if self._board is not None:
+                    self._slots = []
+                    self._board.close()
+                    self._board = None
 
     def __enter__(self) -> LocalCluster:
         return self

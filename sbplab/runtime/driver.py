@@ -5,6 +5,10 @@ error comes back as a message with its traceback; a dead worker shows as a close
 an ended process; a hang shows as heartbeats in which no rank has finished a firing for
 ``timeout`` seconds. In the last two cases the driver asks the surviving workers what they are
 doing, so the error says which actor waits for what.
+
+Between runs nothing should arrive from a worker: a readable connection (end of file: the worker was
+OOM-killed or interrupted) or an ended process makes the driver unhealthy, so the next run starts
+fresh workers instead of failing on a broken pipe.
 """
 
 from __future__ import annotations
@@ -13,12 +17,11 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener, wait
+from multiprocessing.connection import Connection, wait
 
+from .actor_plan import ActorPlan
 from .executor import RunSpec
 from .faults import RunError, describe_failure
-from .plan import ActorPlan
 from .progress import step_bar
 from .results import Batches, RunResult, assemble_results, cut_feeds, loss_value, step_loss
 from .trace import build_trace
@@ -36,39 +39,57 @@ class RunOptions:
 
 
 class Driver:
-    def __init__(self, listener: Listener, incoming: queue.SimpleQueue, n: int, device_type: str,
+    """Talks to ``n`` joined workers. incoming: authenticated ``(Connection, hello)`` pairs (``Acceptor``);
+    procs: spawned ``WorkerProcess``es (empty for external workers); activity: per-rank activity slots."""
+
+    def __init__(self, address: tuple[str, int], incoming: queue.SimpleQueue, n: int, device_type: str,
                  init_method: str, threads: int, procs: list, activity: list) -> None:
-        self.listener, self.incoming, self.n, self.device_type = listener, incoming, n, device_type
+        self.address, self.incoming, self.n, self.device_type = address, incoming, n, device_type
         self.init_method, self.threads, self.procs, self.activity = init_method, threads, procs, activity
         self.conns: dict[int, Connection] = {}
         self.info: dict[int, dict] = {}
-        self.healthy = False
+        self._healthy = False
+        self._busy = False  # a run is going: its messages are the run's, not signs of a dead worker
         self.run_id = 0
         self.plan: ActorPlan | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Joined and in step. While idle, also checks that no worker has ended since the last run."""
+        if self._healthy and not self._busy and not self._idle_ok():
+            self._healthy = False
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self._healthy = value
+
+    def _idle_ok(self) -> bool:
+        if any(not p.is_alive() for p in self.procs):
+            return False
+        try:  # an idle worker sends nothing: anything readable is an end of file (or out of step)
+            return not any(c.poll(0) for c in self.conns.values())
+        except (OSError, ValueError):
+            return False
 
     # --- joining ------------------------------------------------------------------------------------
     def connect(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        got = self.incoming
+        mine = {p.pid for p in self.procs}
         pending: list[tuple[Connection, dict]] = []
         while len(pending) < self.n:
             self._check_procs("while starting")
             if time.monotonic() > deadline:
                 raise RunError("setup", f"only {len(pending)} of {self.n} workers joined within "
-                                        f"{timeout:.0f} s (driver at {self.listener.address})")
+                                        f"{timeout:.0f} s (driver at {self.address})")
             try:
-                conn = got.get(timeout=0.2)
+                conn, hello = self.incoming.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if not conn.poll(10):
-                conn.close()
+            if mine and hello.get("pid") not in mine:
+                conn.close()  # a worker of an earlier start, killed since
                 continue
-            try:
-                msg = recv(conn)
-            except (EOFError, OSError):
-                continue  # a worker of an earlier start that has gone since
-            if msg[0] == "hello":
-                pending.append((conn, msg[1]))
+            pending.append((conn, hello))
         free = [r for r in range(self.n) if r not in {h["rank"] for _, h in pending}]
         for conn, hello in pending:
             r = hello["rank"] if 0 <= hello["rank"] < self.n else free.pop(0)
@@ -138,6 +159,16 @@ class Driver:
 
     # --- a run --------------------------------------------------------------------------------------
     def run(self, plan: ActorPlan, batches: Batches | None, opts: RunOptions) -> RunResult:
+        self._busy = True
+        try:
+            return self._run(plan, batches, opts)
+        except (EOFError, OSError) as e:  # a worker went away before the run got going (pings, specs)
+            self.healthy = False
+            raise RunError("died", f"a worker's connection broke at the start of the run: {e!r}") from e
+        finally:
+            self._busy = False
+
+    def _run(self, plan: ActorPlan, batches: Batches | None, opts: RunOptions) -> RunResult:
         steps = opts.steps
         feeds = cut_feeds(plan, batches, steps)
         offsets = self.offsets()
@@ -176,7 +207,7 @@ class Driver:
                     opts.on_step(s, steps, loss)
 
         by_conn = {c: r for r, c in self.conns.items()}
-        by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs) if p.sentinel is not None}
         try:
             try:
                 while len(results) < self.n:
@@ -313,13 +344,3 @@ class Driver:
         self.conns = {}
         self.healthy = False
 
-
-def accept_forever(listener: Listener, incoming: queue.SimpleQueue) -> None:
-    """Hand every authenticated connection to ``incoming`` until the listener closes."""
-    while True:
-        try:
-            incoming.put(listener.accept())
-        except AuthenticationError:
-            continue  # a stranger without the token
-        except OSError:
-            return

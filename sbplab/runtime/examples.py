@@ -16,7 +16,7 @@ import torch
 from ..layout import shard
 from ..placement import Placement
 from ..sbp import B, P, S
-from .plan import ActorPlan
+from .actor_plan import ActorPlan
 from .specs import Accumulate, Actor, Collective, Compute, Recv, Ref, Send, Sink, Source, State
 
 K = "sbplab.runtime.kernels:"

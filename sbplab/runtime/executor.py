@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
+from ..boxing.kinds import kind_of
+from .actor_plan import RankPlan
 from .actors import make_behaviour
 from .comm import Comm
 from .firing import MODES, PER_STEP, SAME, FiringGraph
 from .lanes import CommFailure, CommLane, Streams
-from .plan import RankPlan
 from .specs import Accumulate, Collective, Recv, Sink, State
 
 COMPUTE, COMM = 0, 1
@@ -98,14 +99,15 @@ class Executor:
                            if isinstance(a, Sink) and a.key == "loss"]
 
     def _may_overwrite_input(self, i: int) -> bool:
-        """An all-reduce may work in place on a register only it reads, made fresh by its producer.
+        """A collective whose kind allows it (all-reduce) may work in place on a register only it reads,
+        made fresh by its producer.
 
         Accumulate buffers and received tensors are fresh; a compute kernel may return a view of
         a parameter (a reshape, an identity), so its outputs are copied first.
         """
         node = self.graph.nodes[i]
         a = node.actor
-        if not isinstance(a, Collective) or a.kind_ != "all_reduce" or len(node.inputs) != 1:
+        if not isinstance(a, Collective) or not kind_of(a.kind_).in_place_ok or len(node.inputs) != 1:
             return False
         prod = self.graph.nodes[node.inputs[0][0]]
         return isinstance(prod.actor, (Accumulate, Recv, Collective)) and prod.needed_acks == 1

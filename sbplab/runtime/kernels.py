@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from ..boxing.kinds import local_kinds, p2p_kinds
+
 _EMPTY = torch.empty(0)
 
 
@@ -112,41 +114,8 @@ def add(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
     return (out,)
 
 
-# --- local boxing steps and moves (lowered from a physical graph) --------------------------------
-def narrow_piece(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
-    """B -> S(dim) on one rank: keep my balanced piece ``[start, start + length)`` of ``dim``."""
-    return (inputs[0].narrow(attrs["dim"], attrs["start"], attrs["length"]).clone(),)
-
-
-def to_partial(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
-    """B or S(dim) -> P on one rank.
-
-    mode "keep": this rank keeps the value; "fill": it holds the reduce op's identity instead;
-    "embed": my S piece placed at ``start`` of ``dim`` inside a ``shape`` buffer of the identity.
-    """
-    from ..layout import partial_fill
-
-    x = inputs[0]
-    mode = attrs["mode"]
-    if mode == "keep":
-        return (x.clone(),)
-    if mode == "fill":
-        return (partial_fill(attrs["fill"], x),)
-    buf = partial_fill(attrs["fill"], x.new_empty(tuple(attrs["shape"])))
-    buf.narrow(attrs["dim"], attrs["start"], x.shape[attrs["dim"]]).copy_(x)
-    return (buf,)
-
-
-def take_block(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
-    """The region ``take`` ((start, stop) per dim, local coordinates) of the input, contiguous."""
-    sl = tuple(slice(a, b) for a, b in attrs["take"])
-    return (inputs[0][sl].contiguous(),)
-
-
-def put_blocks(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
-    """Assemble a ``shape`` tensor: input j's region ``takes[j]`` goes to region ``puts[j]``."""
-    out = torch.empty(tuple(attrs["shape"]), dtype=inputs[0].dtype, device=inputs[0].device)
-    for x, take, put in zip(inputs, attrs["takes"], attrs["puts"]):
-        src = x if take is None else x[tuple(slice(a, b) for a, b in take)]
-        out[tuple(slice(a, b) for a, b in put)] = src
-    return (out,)
+# --- local boxing steps and moves: the kinds' own kernels (``sbplab.boxing.kinds``), named here too ----
+narrow_piece = local_kinds.narrow_piece
+to_partial = local_kinds.to_partial
+take_block = p2p_kinds.take_block
+put_blocks = p2p_kinds.put_blocks

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..layout import assemble, balanced_sizes, shard
-from .plan import ActorPlan
+from .actor_plan import ActorPlan
 from .specs import PlanError, Sink, Source, State
 from .trace import Trace
 
@@ -73,6 +73,7 @@ class RunResult:
     outputs: per sink key, per step, the global value (a tensor).
     params: per State key, the final global value: a GlobalTensor (``.full()`` for the tensor).
     trace: every firing on one clock (``trace.to_chrome(path)``).
+    step_times: measured wall seconds per step, from the trace (see the property).
     """
 
     losses: list[float] = field(default_factory=list)
@@ -81,6 +82,26 @@ class RunResult:
     trace: Trace = field(default_factory=Trace)
     steps: int = 0
     wall_s: float = 0.0
+
+    @property
+    def step_times(self) -> list[float]:
+        """Wall seconds per step, read off the trace: step s lasts from the end of step s - 1 (the
+        first step: from the first firing) to the end of its own last firing on any rank. Steps
+        overlap a little in a pipelined run, so this is what each step adds to the run, the figure a
+        simulator's steady-state step time predicts. Empty without a trace."""
+        ends: dict[int, float] = {}
+        for e in self.trace.events:
+            if (not self.steps or e.step < self.steps) and e.end > ends.get(e.step, float("-inf")):
+                ends[e.step] = e.end
+        if not ends:
+            return []
+        prev = min(e.start for e in self.trace.events)
+        out = []
+        for s in range(max(ends) + 1):
+            end = max(ends.get(s, prev), prev)
+            out.append((end - prev) / 1e6)
+            prev = end
+        return out
 
     def full_params(self) -> dict[str, torch.Tensor]:
         return {k: (v.full() if hasattr(v, "full") else v) for k, v in self.params.items()}

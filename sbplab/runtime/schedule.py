@@ -21,7 +21,7 @@ from .firing import FiringGraph
 from .specs import PlanError
 
 if TYPE_CHECKING:
-    from .plan import ActorPlan, CommSlot
+    from .actor_plan import ActorPlan, CommSlot
 
 
 def _priority(g: FiringGraph, i: int) -> tuple:
@@ -31,7 +31,7 @@ def _priority(g: FiringGraph, i: int) -> tuple:
 
 
 def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
-    from .plan import CommSlot, channel_of, match_key
+    from .actor_plan import CommSlot, channel_of, match_key
 
     micro = plan.micro_batches
     graphs = {r: FiringGraph(rp.actors, micro, steps) for r, rp in plan.ranks.items()}
@@ -106,7 +106,7 @@ def check_comm_order(plan: ActorPlan) -> None:
     a communication completes once all its members posted it. The firing rule is monotone, so the
     state where this gets stuck is the same under every timing: one replay decides.
     """
-    from .plan import match_key
+    from .actor_plan import match_key
 
     M = plan.micro_batches
     graphs = {r: FiringGraph(rp.actors, M, 1) for r, rp in plan.ranks.items()}

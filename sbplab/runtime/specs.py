@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..boxing.kinds import collective_names, kind_of
 from ..placement import Placement
 from ..sbp import NdSbp, as_nd_sbp, fmt_sbp
 
 PHASES = ("forward", "backward", "update")
 SCOPES = ("micro", "step")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 REDUCE_OPS = ("sum", "max", "min", "avg")
 MICRO_REDUCE = ("mean", "sum", "stack", "last")
 
@@ -145,7 +145,8 @@ class Compute(Actor):
 class Collective(Actor):
     """One collective over ``group`` (global ranks, in mesh-axis order) on one input tensor.
 
-    kind_: all_reduce | all_gather | reduce_scatter | all_to_all | broadcast.
+    kind_: the name of a collective boxing kind (``sbplab.boxing.kinds``): all_reduce | all_gather |
+        reduce_scatter | all_to_all | broadcast; the kind runs it.
     reduce_op: sum | max | min | avg (all_reduce, reduce_scatter).
     dim: the gathered / scattered tensor dim (all_gather, reduce_scatter); for all_to_all the dim
         that is split and sent out (``S(cat_dim) -> S(dim)``).
@@ -156,6 +157,10 @@ class Collective(Actor):
     src: broadcast only: the global rank that holds the value.
     order: priority among communication that is ready at the same moment when the global order
         is derived (lower first); the global order itself is ``ActorPlan.comm_order``.
+    mesh_axis: the mesh axis the group runs on (set by lowering; None in hand-built plans).
+    bytes_sent: the bytes this rank really sends, from the kind, the number its plan step reports
+        and its trace events log (set by lowering; None in hand-built plans, where the kind counts
+        them from the input when it runs).
     """
 
     kind_: str = "all_reduce"
@@ -167,15 +172,21 @@ class Collective(Actor):
     cat_sizes: tuple[int, ...] | None = None
     src: int = 0
     order: int = 0
+    mesh_axis: int | None = None
+    bytes_sent: int | None = None
     lane: ClassVar[str] = "comm"
     kind: ClassVar[str] = "collective"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.group = tuple(int(r) for r in self.group)
-        if self.kind_ not in COLLECTIVES:
-            raise PlanError(f"collective {self.name!r}: kind_ must be one of {COLLECTIVES}, "
+        if self.kind_ not in collective_names():
+            raise PlanError(f"collective {self.name!r}: kind_ must be one of {collective_names()}, "
                             f"got {self.kind_!r}")
+        if self.mesh_axis is not None and self.mesh_axis < 0:
+            raise PlanError(f"collective {self.name!r}: mesh_axis must be >= 0 or None, got {self.mesh_axis}")
+        if self.bytes_sent is not None and self.bytes_sent < 0:
+            raise PlanError(f"collective {self.name!r}: bytes_sent must be >= 0 or None, got {self.bytes_sent}")
         if len(self.group) < 1 or len(set(self.group)) != len(self.group):
             raise PlanError(f"collective {self.name!r}: group must list distinct ranks, got {self.group}")
         if self.reduce_op not in REDUCE_OPS:
@@ -190,8 +201,8 @@ class Collective(Actor):
             self.sizes = tuple(int(x) for x in self.sizes)
         if self.cat_sizes is not None:
             self.cat_sizes = tuple(int(x) for x in self.cat_sizes)
-        if self.kind_ == "broadcast" and self.src not in self.group:
-            raise PlanError(f"collective {self.name!r}: broadcast src {self.src} is not in group "
+        if kind_of(self.kind_).has_root and self.src not in self.group:
+            raise PlanError(f"collective {self.name!r}: {self.kind_} src {self.src} is not in group "
                             f"{self.group}")
 
     @property

@@ -20,7 +20,7 @@ from .firing import FiringGraph
 from .specs import Recv, Send
 
 if TYPE_CHECKING:
-    from .plan import ActorPlan
+    from .actor_plan import ActorPlan
 
 LANES = ("compute", "comm")
 

@@ -153,7 +153,7 @@ def _boxing_chain(deduction: Any, via: int) -> list[Any]:
 def boxing_style(b: Any) -> dict[str, Any]:
     """A boxing node: what it does, its bytes, and orange when it talks."""
     kinds = list(b.plan.kinds)
-    talks = any(k not in ("slice", "zero") for k in kinds)
+    talks = b.plan.communicates
     label = f"{' + '.join(kinds) or 'no-op'}\n{b.tensor}\n{fmt_bytes(b.bytes)} sent"
     if talks:
         return dict(label=label, shape="hexagon", style="filled,bold", fillcolor="#f9c784", color="#c0661d")

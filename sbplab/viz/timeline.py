@@ -16,12 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..boxing import kinds as boxing_kinds
 from ..fmt import fmt_bytes
 from .colors import KIND_COLORS, shade
 
 KINDS = tuple(KIND_COLORS)  # forward, backward, update, communication, other
-_COMM_WORDS = ("comm", "collective", "p2p", "boxing", "all_reduce", "all_gather", "reduce_scatter",
-               "all_to_all", "broadcast", "send", "recv")
+_LANE_WORDS = ("comm", "collective", "p2p", "boxing", "send", "recv")
+
+
+def _comm_words() -> tuple[str, ...]:
+    """Words that mark communication: lane names, and every boxing kind that talks (registered ones too)."""
+    return _LANE_WORDS + tuple(name for name, k in boxing_kinds.KINDS.items() if k.moves_data)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ def event_kind(ev: dict, lane: str = "") -> str:
         return args["kind"]
     fields = (ev.get("cat", ""), lane, args.get("kind", ""), args.get("op", ""), ev.get("name", ""))
     words = " ".join(str(x).lower() for x in fields)
-    if any(w in words for w in _COMM_WORDS):
+    if any(w in words for w in _comm_words()):
         return "communication"
     for v in (args.get("phase"), ev.get("cat")):
         if v in ("forward", "backward", "update"):

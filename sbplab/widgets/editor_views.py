@@ -8,10 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..compiler.api import Compiled
-from ..compiler.autodiff import add_backward
-from ..compiler.fx_frontend import from_torch
-from ..compiler.ir import PHASES, Graph, GraphError
-from ..compiler.ranking import options
+from ..compiler.deduction.ranking import options
+from ..compiler.ir import PHASES, Graph
+from ..compiler.training.training_graph import trace_training_graph
 from ..viz.graph_dot import logical_dot
 from ..viz.physical_dot import physical_dot
 from .strategy_form import module_unit
@@ -21,18 +20,10 @@ MAX_OP_ROWS = 800
 
 
 def training_graph(model: BuiltModel, micro_batches: int, optimizer: Any) -> Graph:
-    """What ``compile_graph`` builds before deducing (trace per micro-batch, autodiff, optimizer);
-    it does not depend on the strategy, so SBP changes reuse it."""
-    m = micro_batches
-    for x in (*model.inputs, model.target):
-        if x.shape[0] % m:
-            raise GraphError(f"batch size {x.shape[0]} does not divide into {m} micro-batches")
-    fwd = model.graph if m == 1 else from_torch(model.module, tuple(x[: x.shape[0] // m] for x in model.inputs),
-                                                 model.loss_fn, model.target[: model.target.shape[0] // m])
-    g = fwd.copy()
-    add_backward(g, m)
-    optimizer.build(g)
-    return g
+    """What ``compile`` builds before deducing (trace per micro-batch, autodiff, optimizer); it does
+    not depend on the strategy, so SBP changes reuse it. One micro-batch reuses the model's graph."""
+    return trace_training_graph(model.module, model.inputs, model.loss_fn, model.target, micro_batches, optimizer,
+                                full_batch_graph=model.graph)
 
 
 def memory_rows(c: Compiled) -> list[dict[str, int]]:

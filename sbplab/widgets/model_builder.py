@@ -4,7 +4,8 @@ The state is plain traitlets. Every change rebuilds the torch module, traces it 
 frontend and draws the forward logical graph (SVG where graphviz's ``dot`` exists, else the text
 dump). The result is ``builder.model`` (a ``BuiltModel``: module, example batch, target, loss, graph),
 which a StrategyEditor picks up whenever ``version`` moves. Bad sizes become the ``error`` trait;
-the last good model stays available.
+the last good model stays available, and its summary and graph stay on the page beside the error
+(``stale``), so a typo does not wipe what the person was looking at.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-import anywidget
 import traitlets as t
 
 from ..viz.graph_dot import logical_dot
 from ._assets import widget_module, widget_style
 from .messages import error_text, graph_view
+from .widget_base import SbplabWidget
 from .zoo import (
     LAYER_KINDS,
     ZOO,
@@ -35,7 +36,7 @@ DEFAULT_LAYERS = [{"kind": "Linear", "size": 64}, {"kind": "ReLU"}, {"kind": "Li
                   {"kind": "LayerNorm"}, {"kind": "Linear", "size": 8}]
 
 
-class ModelBuilder(anywidget.AnyWidget):
+class ModelBuilder(SbplabWidget):
     """``ModelBuilder("gpt", n_layer=4, n_embd=64)`` or ``ModelBuilder(layers=[{"kind": "Linear", "size": 32}])``."""
 
     _esm = widget_module("model_builder.js")
@@ -64,6 +65,7 @@ class ModelBuilder(anywidget.AnyWidget):
     graph_note = t.Unicode("").tag(sync=True)  # why there is no SVG, if there is none
     error = t.Unicode("").tag(sync=True)
     version = t.Int(0).tag(sync=True)  # +1 after every successful build
+    stale = t.Bool(False).tag(sync=True)  # summary and graph are the last good model's: the inputs have an error
 
     def __init__(self, model: str = "mlp", *, layers: Sequence[dict[str, Any]] | None = None, batch: int | None = None,
                  in_features: int = 16, collapse: bool = True, seed: int = 0, **config: Any) -> None:
@@ -126,9 +128,9 @@ class ModelBuilder(anywidget.AnyWidget):
                 self.error = ""
                 try:
                     self._derive()
-                except Exception as e:  # shown inline; the last good model stays in self.model
+                except Exception as e:  # shown inline; the last good model stays, and on the page
                     self.error = error_text(e)
-                    self.graph_svg, self.graph_text, self.graph_note = "", "", ""
+                    self.stale = self.model is not None
         finally:
             self._busy = False
 
@@ -155,6 +157,7 @@ class ModelBuilder(anywidget.AnyWidget):
         self.dot = logical_dot(g, collapse=self.collapse, title=f"{built.name}: logical graph (forward)")
         self.graph_svg, self.graph_note = graph_view(self.dot)
         self.graph_text = g.dump()
+        self.stale = False
         self.version += 1
 
     # --- for other widgets and for plain PyTorch ------------------------------------------------------

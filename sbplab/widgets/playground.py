@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import anywidget
 import numpy as np
 import torch
 import traitlets as t
@@ -22,6 +21,7 @@ from ..sbp import Split, fmt_sbp, parse_sbp
 from ..viz.layout_picture import LayoutPicture
 from ._assets import widget_module, widget_style
 from .parse import parse_dims
+from .widget_base import SbplabWidget
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -56,7 +56,7 @@ def _text(dims: Iterable[int]) -> str:
 
 
 
-class SbpPlayground(anywidget.AnyWidget):
+class SbpPlayground(SbplabWidget):
     """A tensor's layout under an SBP, and the boxing that takes it to a target SBP.
 
     ``SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp="S(0), B", target="B, S(1)")``
@@ -180,7 +180,7 @@ class SbpPlayground(anywidget.AnyWidget):
         plan = plan_boxing(shape, src, dst, placement, dtype=dtype)
         self.plan = plan
         self.steps = [
-            {"kind": s.kind + (f"({s.reduce_op})" if s.reduce_op and s.kind != "all_gather" else ""),
+            {"kind": s.label,
              "axis": s.axis_text(), "from": fmt_sbp(s.src_sbp), "to": fmt_sbp(s.dst_sbp),
              "groups": [list(g) for g in s.groups], "max_bytes_per_rank": s.max_bytes_per_rank,
              "total_bytes": s.total_bytes, "bytes": fmt_bytes(s.total_bytes),

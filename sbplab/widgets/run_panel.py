@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import anywidget
 import traitlets as t
 
 from ..compiler.api import Compiled
@@ -23,6 +22,7 @@ from .messages import error_text
 from .run_check import NumericCheck, check_against_torch
 from .strategy_editor import StrategyEditor
 from .svg_charts import timeline_svg
+from .widget_base import SbplabWidget
 from .zoo import BuiltModel
 
 BACKENDS = ("workers", "in-process")
@@ -31,7 +31,7 @@ STAGES = {  # status -> progress shown when it starts; "running" then moves on s
 }
 
 
-class RunPanel(anywidget.AnyWidget):
+class RunPanel(SbplabWidget):
     """``RunPanel(editor, steps=3).run()``; ``panel.result`` is the runtime's RunResult."""
 
     _esm = widget_module("run_panel.js")
@@ -158,12 +158,10 @@ class RunPanel(anywidget.AnyWidget):
         c = self.compiled()
         model, optimizer = self._model_and_optimizer()
         version = self.editor.version if self.editor is not None else 0
-        feeds = dict(zip(c.graph.inputs, [*model.inputs, model.target]))
+        feeds = c.feeds((*model.inputs, model.target))  # checked against the compiled shapes and dtypes
         n = max(c.physical.ranks) + 1
         if self.backend == "workers":
-            from ..runtime.lower import lower_to_actors
-
-            plan = lower_to_actors(c.physical, c.graph, world_size=n, name=c.strategy.name)
+            plan = c.plan(world_size=n)
             cluster = self._cluster(n, times, started)
             self._stage("running", times, started)
             t0 = time.perf_counter()

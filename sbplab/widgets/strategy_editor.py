@@ -9,7 +9,9 @@ from the one ``Compiled`` it keeps as ``editor.compiled`` (what ``sl.compile`` w
 same strategy). Tracing and autodiff run only when the model, micro-batches or optimizer change;
 an SBP change costs one deduction and one lowering. The graph picture (graphviz, the slowest
 part) is drawn last, after the summary, tables and op list have been sent to the page. Bad
-choices become the ``error`` trait.
+choices become the ``error`` trait; the page then keeps showing the last valid result (``stale``)
+beside the error, so a typo does not wipe what the person was looking at, while ``compiled`` is
+``None``: nothing matches the settings as they are.
 """
 
 from __future__ import annotations
@@ -18,15 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anywidget
 import torch
 import traitlets as t
 
 from ..compiler.api import Compiled
-from ..compiler.fx_frontend import from_torch
+from ..compiler.frontend.from_torch import from_torch
 from ..compiler.ir import Graph
-from ..compiler.lower import lower
-from ..compiler.memory import memory_report
+from ..compiler.physical.expand import lower
+from ..compiler.physical.memory import memory_report
 from ..viz.charts import comm_rows, comm_table
 from . import strategy_form as form
 from ._assets import widget_module, widget_style
@@ -35,6 +36,7 @@ from .messages import error_text, graph_view
 from .model_builder import ModelBuilder
 from .parse import parse_dims
 from .svg_charts import comm_svg, memory_svg
+from .widget_base import SbplabWidget
 from .zoo import BuiltModel
 
 MAX_RANKS = 64
@@ -43,7 +45,7 @@ STRUCTURE = ("preset", "mesh_text", "micro_batches", "stages", "inner", "optimiz
              "hints", "stage_of")
 
 
-class StrategyEditor(anywidget.AnyWidget):
+class StrategyEditor(SbplabWidget):
     """``StrategyEditor(ModelBuilder("gpt"), preset="dp_tp", mesh=(2, 2))``; the result is ``.compiled``."""
 
     _esm = widget_module("strategy_editor.js")
@@ -97,6 +99,7 @@ class StrategyEditor(anywidget.AnyWidget):
     note = t.Unicode("").tag(sync=True)
     timings_ms = t.Dict().tag(sync=True)  # where the last recompute spent its time
     version = t.Int(0).tag(sync=True)  # +1 after every successful recompute
+    stale = t.Bool(False).tag(sync=True)  # the views show the last valid result: the settings have an error
 
     def __init__(self, model: ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None,
                  target: torch.Tensor | None = None, loss_fn: Callable | None = None, *, preset: str = "dp",
@@ -235,9 +238,11 @@ class StrategyEditor(anywidget.AnyWidget):
             mem = memory_report(d, phys)
             t4 = time.perf_counter()
         except Exception:
-            self._clear()
+            self.compiled = None
+            self.stale = bool(self.strategy_name)  # the views keep the last valid result
             raise
         self.compiled = Compiled(g, st, d, phys, mem)
+        self.stale = False
         ms.update(deduce=(t2 - t1) * 1e3, lower=(t3 - t2) * 1e3, memory=(t4 - t3) * 1e3)
         self.note = "; ".join(notes)
         self.strategy_name = st.name
@@ -274,13 +279,6 @@ class StrategyEditor(anywidget.AnyWidget):
             self.set_trait("choices", kept)
         notes += dropped
         return g, d
-
-    def _clear(self) -> None:
-        self.compiled = None
-        self.ops, self.candidates, self.memory_rows, self.comm_rows, self.modules = [], [], [], [], []
-        self.explain = self.graph_svg = self.graph_text = self.graph_note = self.summary = ""
-        self.memory_svg = self.memory_text = self.comm_svg = self.comm_text = self.strategy_name = ""
-        self.comm_bytes = {}
 
     def _strategy_and_graph(self, ms: dict[str, float]):
         if self.model is None:

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..compiler import presets
-from ..compiler.deduce import Deduction, deduce
+from ..compiler.deduction.deduce import Deduction, deduce
+from ..compiler.deduction.signature_hints import SignatureError, escape
+from ..compiler.deduction.strategy import Strategy
 from ..compiler.ir import ROLES, Graph
-from ..compiler.optim import SGD, Adam
-from ..compiler.signature_hints import SignatureError, escape
-from ..compiler.strategy import Strategy
+from ..compiler.training.optim import SGD, Adam
 from ..viz.repeat import unit_name, unit_of
 
 PRESETS = {  # name -> what the menu says

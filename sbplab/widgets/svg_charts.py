@@ -4,6 +4,10 @@ The notebook pictures of ``sbplab.viz`` are plotly figures; a widget instead get
 from Python (no charting library in the page, nothing to download), built from the same numbers:
 ``memory_parts`` and ``comm_by_rank`` for the bars, ``timeline_bars`` for the timeline. Every
 mark carries a ``<title>`` so hovering shows the exact figure.
+
+Text, axes and grid lines are drawn in ``currentColor`` (lighter ones through opacity), so the chart
+takes the text colour of the page around it: JupyterLab's ``--jp-ui-font-color1`` in a widget, light
+or dark theme alike, and black on its own. Only the data marks carry fixed hues, which read on both.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from ..viz.graph_dot import fmt_bytes
 from ..viz.timeline import Bar
 
 FONT = 'font-family="Helvetica, Arial, sans-serif"'
+INK = 'fill="currentColor"'  # on the <svg>: every text inherits the surrounding text colour
+MUTED = 'fill="currentColor" fill-opacity="0.7"'  # secondary text (axis figures)
+AXIS = 'stroke="currentColor" stroke-opacity="0.5"'
+GRID = 'stroke="currentColor" stroke-opacity="0.15"'
 MAX_TIMELINE_BARS = 4000  # beyond this the SVG gets heavy in a page; the plotly timeline has them all
 
 
@@ -30,11 +38,11 @@ def stacked_bars_svg(categories: Sequence[str], series: Sequence[tuple[str, str,
     peak = max(totals, default=0) or 1
     slot = plot_w / max(1, len(categories))
     bw = min(48.0, slot * 0.7)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" {FONT} font-size="11">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" {FONT} {INK} font-size="11">',
            f'<text x="{left}" y="15" font-size="12" font-weight="bold">{escape(title)}</text>',
-           f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#888"/>',
-           f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" fill="#555">{escape(fmt(peak))}</text>',
-           f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" fill="#555">0</text>']
+           f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" {AXIS}/>',
+           f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" {MUTED}>{escape(fmt(peak))}</text>',
+           f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" {MUTED}>0</text>']
     for i, cat in enumerate(categories):
         x = left + slot * i + (slot - bw) / 2
         y = top + plot_h
@@ -96,12 +104,12 @@ def timeline_svg(bars: Sequence[Bar], width: int = 900, title: str = "timeline")
     plot_w = width - left - 10
     height = top + row_h * len(rows) + 30
     cut = f" (first {len(shown)} of {len(bars)} firings)" if len(bars) > len(shown) else ""
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" {FONT} font-size="10">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" {FONT} {INK} font-size="10">',
            f'<text x="4" y="15" font-size="12" font-weight="bold">{escape(title)}: {span:.0f} us{escape(cut)}</text>']
     y_of = {row: top + row_h * i for i, row in enumerate(rows)}
     for row, y in y_of.items():
         out.append(f'<text x="{left - 6}" y="{y + 12}" text-anchor="end">{escape(row)}</text>'
-                   f'<line x1="{left}" y1="{y + row_h}" x2="{left + plot_w}" y2="{y + row_h}" stroke="#eee"/>')
+                   f'<line x1="{left}" y1="{y + row_h}" x2="{left + plot_w}" y2="{y + row_h}" {GRID}/>')
     for b in shown:
         x = left + (b.start_us - t0) / span * plot_w
         w = max(0.5, b.dur_us / span * plot_w)
@@ -112,13 +120,13 @@ def timeline_svg(bars: Sequence[Bar], width: int = 900, title: str = "timeline")
                f"bytes {fmt_bytes(b.args['bytes']) if isinstance(b.args.get('bytes'), (int, float)) else '-'}, "
                f"start {b.start_us - t0:.1f} us, {b.dur_us:.1f} us")
         out.append(f'<rect class="firing" data-kind="{b.kind}" x="{x:.2f}" y="{y_of[_row(b)] + 2}" width="{w:.2f}" '
-                   f'height="{row_h - 4}" fill="{color}" fill-opacity="0.75" stroke="#333" stroke-width="0.3">'
+                   f'height="{row_h - 4}" fill="{color}" fill-opacity="0.75" {AXIS} stroke-width="0.3">'
                    f'<title>{escape(tip)}</title></rect>')
     axis_y = top + row_h * len(rows) + 14
     for k in range(5):
         x = left + plot_w * k / 4
         anchor = "start" if k == 0 else "end" if k == 4 else "middle"
-        out.append(f'<text x="{x:.1f}" y="{axis_y}" text-anchor="{anchor}" fill="#555">{span * k / 4:.0f}</text>')
-    out.append(f'<text x="{left + plot_w}" y="{axis_y + 13}" text-anchor="end" fill="#555">time (us)</text>')
+        out.append(f'<text x="{x:.1f}" y="{axis_y}" text-anchor="{anchor}" {MUTED}>{span * k / 4:.0f}</text>')
+    out.append(f'<text x="{left + plot_w}" y="{axis_y + 13}" text-anchor="end" {MUTED}>time (us)</text>')
     out.append("</svg>")
     return "".join(out)

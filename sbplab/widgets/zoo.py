@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import models
-from ..compiler.fx_frontend import from_torch
+from ..compiler.frontend.from_torch import from_torch
 from ..compiler.ir import Graph
 from .parse import parse_dims
 

@@ -1,0 +1,113 @@
+"""Search time and peak memory of sl.search per method, for GPT (12, 24 layers), CNN and Wide&Deep on 8
+and 64 simulated H100s (``Hardware.h100_node()``; ``Hardware.h100_ib(8)`` for 64).
+
+Each run is a fresh process, so its peak resident memory is its own. Models are built on the meta
+device (search needs shapes, not weights). Compiling and simulating the winner (the re-ranking step)
+is timed apart from the search: for big models it can dominate. Goals: "auto" < 10 s for a 24-layer
+GPT on 64 devices; "exact" < 60 s for a 24-layer GPT on 8; < 4 GB.
+
+    .venv/bin/python benchmarks/bench_search.py            # the whole table (a few minutes)
+    .venv/bin/python benchmarks/bench_search.py --one gpt24 8 exact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+import sbplab as sl
+
+RUNS = [  # (model, devices, method, pipelines)
+    ("gpt12", 8, "auto", True), ("gpt12", 8, "exact", True), ("gpt12", 8, "cd", True), ("gpt12", 8, "mcmc", True),
+    ("gpt24", 8, "auto", True), ("gpt24", 8, "exact", False),
+    ("gpt24", 64, "auto", False),
+    ("cnn", 8, "auto", True), ("cnn", 64, "auto", False),
+    ("wide_deep", 8, "auto", True), ("wide_deep", 64, "auto", False),
+]
+
+
+def _model(name: str, devices: int):
+    batch = 2 * devices
+    with torch.device("meta"):
+        if name.startswith("gpt"):
+            cfg = sl.models.GPTConfig(vocab_size=50304, block_size=1024, n_layer=int(name[3:]), n_head=12, n_embd=768)
+            m = sl.models.GPT(cfg)
+            idx = torch.zeros(batch, cfg.block_size, dtype=torch.int64)
+            return m, (idx,), idx, m.loss_fn
+        if name == "cnn":
+            m = sl.models.CNN(sl.models.CNNConfig(in_channels=3, image_size=64, channels=(64, 128), n_classes=1000))
+            return m, (torch.zeros(batch, 3, 64, 64),), torch.zeros(batch, dtype=torch.int64), m.loss_fn
+        m = sl.models.WideDeep(sl.models.WideDeepConfig(vocab_size=1_000_000, n_fields=26, emb_dim=64, n_dense=13,
+                                                        hidden=1024))
+    xs, y = m.example_batch(batch)  # small real tensors: the batch, made off the meta device
+    return m, xs, y, m.loss_fn
+
+
+def one(name: str, devices: int, method: str, pipelines: bool, rerank: bool) -> dict:
+    hw = sl.Hardware.h100_node() if devices <= 8 else sl.Hardware.h100_ib(devices // 8)
+    m, xs, y, loss_fn = _model(name, devices)
+    t0 = time.perf_counter()
+    res = sl.search(m, xs, loss_fn=loss_fn, target=y, optimizer=sl.Adam(), devices=devices, hardware=hw,
+                    method=method, rerank_top=0, pipelines=pipelines)
+    t_search = time.perf_counter() - t0
+    out = {"model": name, "devices": devices, "method": method, "pipelines": pipelines, "search_s": t_search,
+           "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+           "best": res.best.describe(), "step_ms": res.best.step_time * 1e3,
+           "best_preset_ms": (res.best_preset().step_time * 1e3) if res.best_preset() else None,
+           "candidates": len(res.candidates)}
+    if rerank:  # compile + simulate the winner, as re-ranking does for each of its top candidates
+        from sbplab.search.rerank import simulate_candidate
+
+        t1 = time.perf_counter()
+        try:
+            with torch.device("meta"):
+                sim_t, _ = simulate_candidate(res.best, m, xs, loss_fn, y, sl.Adam(), hw)
+            out["simulated_ms"] = sim_t * 1e3
+        except Exception as e:  # reported, not fatal: the search figures stand
+            out["simulate_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        out["compile_simulate_s"] = time.perf_counter() - t1
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--one", nargs=3, metavar=("MODEL", "DEVICES", "METHOD"))
+    ap.add_argument("--no-pipelines", action="store_true")
+    ap.add_argument("--rerank", action="store_true", help="also time compiling and simulating the winner")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    args = ap.parse_args()
+    if args.one:
+        name, dev, meth = args.one
+        print(json.dumps(one(name, int(dev), meth, not args.no_pipelines, args.rerank)))
+        return
+    print(f"{'model':<10}{'dev':>4} {'method':<6}{'pipes':>6}{'search s':>10}{'peak GB':>9}{'step ms':>10}"
+          f"{'preset ms':>11}  best")
+    for name, dev, meth, pipes in RUNS:
+        cmd = [sys.executable, __file__, "--one", name, str(dev), meth] + ([] if pipes else ["--no-pipelines"])
+        if (name, dev, meth) == ("gpt24", 8, "exact"):
+            cmd.append("--rerank")
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name:<10}{dev:>4} {meth:<6}{str(pipes):>6}  timed out after {args.timeout} s")
+            continue
+        if p.returncode:
+            print(f"{name:<10}{dev:>4} {meth:<6}{str(pipes):>6}  failed: {p.stderr.strip().splitlines()[-1][:150]}")
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        pre = f"{r['best_preset_ms']:.4g}" if r["best_preset_ms"] is not None else "-"
+        print(f"{name:<10}{dev:>4} {meth:<6}{str(pipes):>6}{r['search_s']:>10.2f}{r['peak_rss_gb']:>9.2f}"
+              f"{r['step_ms']:>10.4g}{pre:>11}  {r['best']}")
+        if "compile_simulate_s" in r:
+            print(f"{'':>10}compile + simulate of the winner: {r['compile_simulate_s']:.2f} s "
+                  f"({r.get('simulated_ms', r.get('simulate_error'))})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""How well the simulator predicts real runs: model zoo x strategies on 2 and 4 Gloo ranks.
+
+    .venv/bin/python benchmarks/bench_simulator.py [--steps 5] [--models mlp,gpt,cnn,wide_deep]
+
+Calibrates the machine first when ``LocalCluster.calibrate`` exists (else uses the ``cpu_box`` spec
+sheet, and says so), then for every (model, strategy): compile, predict (``sl.simulate``), run for
+real, and print predicted vs measured step time (median of the steps after the first) with the
+error, and the predicted peak memory per rank next to the compiler's static memory report (the
+runtime does not measure memory). At the end: median and max absolute error, and Kendall's tau
+between predicted and measured step times per model (does the simulator rank strategies right?).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import sbplab as sl
+from sbplab.compiler import presets
+from sbplab.compiler.lowering.to_actors import lower_to_actors
+from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
+
+
+def model(kind: str):
+    torch.manual_seed(0)
+    if kind == "mlp":
+        m = MLP(MLPConfig(in_dim=64, width=128, hidden=256, n_blocks=2, n_classes=10))
+        return m, *m.example_batch(64), torch.nn.functional.cross_entropy
+    if kind == "gpt":
+        m = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=4, n_embd=64))
+        return m, *m.example_batch(16), GPT.loss_fn
+    if kind == "wide_deep":
+        m = WideDeep(WideDeepConfig(vocab_size=512, n_fields=4, emb_dim=16, n_dense=8, hidden=64))
+        return m, *m.example_batch(64), m.loss_fn
+    m = CNN(CNNConfig(in_channels=3, image_size=16, channels=(8, 16), n_classes=10))
+    return m, *m.example_batch(32), m.loss_fn
+
+
+CONFIGS = [
+    ("mlp", "data 2", lambda: presets.data_parallel(2)),
+    ("mlp", "tensor 2", lambda: presets.tensor_parallel(2)),
+    ("mlp", "dp_tp 2x2", lambda: presets.dp_tp((2, 2))),
+    ("mlp", "zero 4", lambda: presets.zero(4)),
+    ("mlp", "pipeline 2, M=2", lambda: presets.pipeline(2, 2)),
+    ("mlp", "pipeline 2, M=4", lambda: presets.pipeline(2, 4)),
+    ("gpt", "data 2", lambda: presets.data_parallel(2)),
+    ("gpt", "tensor 2", lambda: presets.tensor_parallel(2)),
+    ("gpt", "dp_tp 2x2", lambda: presets.dp_tp((2, 2))),
+    ("gpt", "pipeline 2, M=2", lambda: presets.pipeline(2, 2)),
+    ("gpt", "pipeline 2, M=4", lambda: presets.pipeline(2, 4)),
+    ("cnn", "data 2", lambda: presets.data_parallel(2)),
+    ("cnn", "data 4", lambda: presets.data_parallel(4)),
+    ("wide_deep", "data 2", lambda: presets.data_parallel(2)),
+    ("wide_deep", "tensor 2", lambda: presets.tensor_parallel(2)),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--models", default="mlp,gpt,cnn,wide_deep", help="comma-separated subset")
+    args = ap.parse_args()
+    wanted = set(args.models.split(","))
+    rows = []
+    with sl.LocalCluster(4) as cluster:
+        if hasattr(cluster, "calibrate"):
+            t0 = time.perf_counter()
+            hw = cluster.calibrate()
+            print(f"calibrated in {time.perf_counter() - t0:.1f} s: {hw}")
+        else:
+            hw = sl.Hardware.cpu_box()
+            print(f"no calibration available: spec-sheet {hw}")
+        for kind, label, strategy in [c for c in CONFIGS if c[0] in wanted]:
+            m, xs, y, loss_fn = model(kind)
+            c = sl.compile(m, xs, loss_fn=loss_fn, target=y, optimizer=sl.SGD(lr=0.01, momentum=0.9),
+                           strategy=strategy())
+            plan = lower_to_actors(c.physical, c.graph, world_size=4, name=f"{kind} {label}")
+            feeds = dict(zip(c.graph.inputs, list(xs) + [y]))
+            pred = sl.simulate(plan, hw, feeds=feeds)
+            res = cluster.run(plan, feeds, steps=args.steps, progress=False)
+            later = sorted(res.step_times[1:])
+            meas = later[len(later) // 2]
+            ranks = sorted(c.memory.ranks)
+            rows.append((kind, label, pred.step_time, meas, max(pred.peak_memory[r] for r in ranks),
+                         max(c.memory.ranks[r].peak for r in ranks), pred.measured_fraction))
+            r = rows[-1]
+            print(f"{kind:9s} {label:16s} predicted {r[2] * 1e3:8.2f} ms  measured {r[3] * 1e3:8.2f} ms  "
+                  f"error {r[2] / r[3] - 1:+6.0%}   peak MB/rank: simulated {r[4] / 2**20:6.2f}, "
+                  f"compiler {r[5] / 2**20:6.2f}   measured op times {r[6]:.0%}", flush=True)
+    from scipy.stats import kendalltau  # the benchmark's one extra dependency: pip install scipy
+
+    errs = [abs(r[2] / r[3] - 1) for r in rows]
+    print(f"\n{len(rows)} configurations: median |error| {statistics.median(errs):.0%}, max {max(errs):.0%}")
+    for kind in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == kind]
+        if len(mine) >= 2:
+            tau = kendalltau([r[2] for r in mine], [r[3] for r in mine]).statistic
+            print(f"Kendall's tau {kind:9s} ({len(mine)} strategies): {tau:+.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""sbplab against the PyTorch API a user would pick instead, end-to-end wall time, side by side.
+
+The same MLP (256 -> d -> d -> d -> 16, batch 128, cross-entropy, SGD), the same initial weights and
+data, trained by sbplab and by its peer in one script, on 2 and 4 Gloo ranks of this machine, 1 torch
+thread per rank:
+
+| sbplab strategy            | peer (real torch API)                                           |
+|----------------------------|-----------------------------------------------------------------|
+| data parallel              | DistributedDataParallel (bucketed, overlapped all-reduce)       |
+| ZeRO-3 (params sharded)    | FSDP2 ``fully_shard`` on every Linear and the root              |
+| Megatron tensor parallel   | DTensor ``parallelize_module`` (ColwiseParallel / RowwiseParallel) |
+| pipeline, 4 micro-batches  | ``torch.distributed.pipelining`` ScheduleGPipe and Schedule1F1B |
+
+Time per step is what a user waits for: (wall time of a run of W + N steps - wall time of a run of W
+steps) / N, measured on the driver for sbplab (``cluster.run``, plan shipping and result gathering
+included) and on rank 0 for the peer (between barriers, inside already-started processes: the peer
+pays no process start-up, sbplab pays its per-run set-up in both runs, which cancels). Rounds are
+interleaved (sbplab, peer, sbplab, peer, ...); the median and the spread (min-max) of each side are
+printed, with the first-step loss of both to show they train the same thing.
+
+    .venv/bin/python benchmarks/bench_vs_torch.py            # widths 256 1024 2048, 2 and 4 ranks
+    .venv/bin/python benchmarks/bench_vs_torch.py --quick    # width 256, 2 ranks, fewer steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+import sbplab as sl
+from sbplab.models import MLP, MLPConfig
+
+BATCH, MICRO, LR, IN_DIM, CLASSES = 128, 4, 0.05, 256, 16
+
+
+def make_model(width: int, blocks: int = 1) -> tuple[MLP, torch.Tensor, torch.Tensor]:
+    """256 -> d, ``blocks`` residual blocks d -> d -> d, d -> 16 (pipelines over 4 ranks need 3 blocks)."""
+    torch.manual_seed(0)
+    model = MLP(MLPConfig(in_dim=IN_DIM, width=width, hidden=width, n_blocks=blocks, n_classes=CLASSES))
+    (x,), y = model.example_batch(BATCH)
+    return model, x, y
+
+
+# --- peers: one process per rank, real torch APIs ---------------------------------------------------
+def _init(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _ddp(model, x, y, rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    m = DDP(model)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    xl, yl = x.chunk(world)[rank], y.chunk(world)[rank]
+
+    def step():
+        loss = F.cross_entropy(m(xl), yl)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach() / world  # the mean over ranks is the global loss
+    return step
+
+
+def _fsdp2(model, x, y, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            fully_shard(mod, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    xl, yl = x.chunk(world)[rank], y.chunk(world)[rank]
+
+    def step():
+        loss = F.cross_entropy(model(xl), yl)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach() / world
+    return step
+
+
+def _dtensor_tp(model, x, y, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(model, mesh, {"blocks.0.fc1": ColwiseParallel(), "blocks.0.fc2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach() / world  # every rank holds the whole loss
+    return step
+
+
+def _pipelining(schedule_name):
+    def build(model, x, y, rank, world):
+        from torch.distributed import pipelining
+
+        layers = [model.proj_in, *model.blocks, model.head]
+        cuts = [round(i * len(layers) / world) for i in range(world + 1)]
+        mod = nn.Sequential(*layers[cuts[rank]:cuts[rank + 1]])
+        stage = pipelining.PipelineStage(mod, rank, world, torch.device("cpu"))
+        sched = getattr(pipelining, schedule_name)(stage, MICRO, loss_fn=F.cross_entropy)
+        opt = torch.optim.SGD(mod.parameters(), lr=LR)
+
+        def step():
+            opt.zero_grad()
+            losses: list[torch.Tensor] = []
+            if rank == 0:
+                sched.step(x)
+            elif rank == world - 1:
+                sched.step(target=y, losses=losses)
+            else:
+                sched.step()
+            opt.step()
+            # the schedule averages nothing: the loss of the batch is the mean of the micro-batch losses
+            return torch.stack(losses).mean() if losses else torch.zeros(())  # only the last stage has it
+        return step
+    return build
+
+
+PEERS = {"ddp": _ddp, "fsdp2": _fsdp2, "dtensor": _dtensor_tp,
+         "gpipe": _pipelining("ScheduleGPipe"), "1f1b": _pipelining("Schedule1F1B")}
+
+
+def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn):
+    """Builds the peer once, then per round: time W steps, then W + N steps, and report.
+
+    Each step returns this rank's share of the loss: summed over ranks, the global batch's loss.
+    """
+    _init(rank, world, port)
+    model, x, y = make_model(width, blocks)
+    step = PEERS[peer](copy.deepcopy(model), x, y, rank, world)
+    first = step()  # the first training step, also the first loss
+    total = first.clone()
+    dist.all_reduce(total)
+    if rank == 0:
+        conn.send(float(total))
+    for _ in range(rounds):
+        got = []
+        for k in (warm, warm + n):
+            if rank == 0:
+                conn.recv()  # the driver says go: rounds interleave with sbplab's
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                step()
+            dist.barrier()
+            got.append(time.perf_counter() - t0)
+        if rank == 0:
+            conn.send((got[1] - got[0]) / n)
+    dist.destroy_process_group()
+
+
+# --- sbplab ----------------------------------------------------------------------------------------
+def sbplab_strategy(kind: str, world: int) -> sl.Strategy:
+    if kind == "dp":
+        return sl.presets.data_parallel(world)
+    if kind == "zero3":
+        return sl.presets.zero(world, shard_params=True)
+    if kind == "tp":
+        return sl.presets.tensor_parallel(world)
+    return sl.presets.pipeline(world, MICRO)
+
+
+PAIRS = [("data parallel", "dp", "ddp", "DDP"), ("ZeRO-3", "zero3", "fsdp2", "FSDP2 fully_shard"),
+         ("tensor parallel", "tp", "dtensor", "DTensor parallelize_module"),
+         ("pipeline GPipe", "pipe", "gpipe", "pipelining ScheduleGPipe"),
+         ("pipeline 1F1B", "pipe", "1f1b", "pipelining Schedule1F1B")]
+
+
+def bench_pair(cluster, world: int, width: int, kind: str, peer: str, warm: int, n: int, rounds: int):
+    blocks = max(1, world - 1) if kind == "pipe" else 1
+    model, x, y = make_model(width, blocks)
+    step = sl.compile(model, (x,), loss_fn=model.loss_fn, target=y, optimizer=sl.SGD(lr=LR),
+                      strategy=sbplab_strategy(kind, world))
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    port = _free_port()
+    procs = [ctx.Process(target=_peer_worker, args=(r, world, port, peer, width, blocks, warm, n, rounds, child))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        peer_first = parent.recv()
+        ours_first = cluster.run(step, (x, y), steps=1, progress=False).losses[0]
+        ours, theirs = [], []
+        for _ in range(rounds):
+            t = []
+            for k in (warm, warm + n):
+                t0 = time.perf_counter()
+                cluster.run(step, (x, y), steps=k, progress=False, trace=False, params=False)
+                t.append(time.perf_counter() - t0)
+            ours.append((t[1] - t[0]) / n)
+            parent.send("go")
+            parent.send("go")
+            theirs.append(parent.recv())
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    return ours, theirs, ours_first, peer_first
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"{statistics.median(xs) * 1e3:7.2f} ms [{min(xs) * 1e3:.2f}-{max(xs) * 1e3:.2f}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="width 256, 2 ranks, fewer steps and rounds")
+    ap.add_argument("--widths", type=int, nargs="*", default=[256, 1024, 2048])
+    ap.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if a.quick:
+        a.widths, a.ranks, a.steps, a.rounds = [256], [2], 6, 2
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+          f"{torch.__version__}; W={a.warm}, N={a.steps}, {a.rounds} interleaved rounds")
+    print(f"{'ranks':>5} {'width':>5}  {'sbplab':<18} {'peer':<27} {'sbplab ms [min-max]':<26} "
+          f"{'peer ms [min-max]':<26} {'ratio':>5}  first loss (sbplab / peer)")
+    for world in a.ranks:
+        with sl.LocalCluster(world, threads=1) as cluster:
+            for width in a.widths:
+                for label, kind, peer, peer_label in PAIRS:
+                    ours, theirs, l0, p0 = bench_pair(cluster, world, width, kind, peer, a.warm, a.steps,
+                                                      a.rounds)
+                    ratio = statistics.median(ours) / statistics.median(theirs)
+                    print(f"{world:>5} {width:>5}  {label:<18} {peer_label:<27} {_fmt(ours):<26} "
+                          f"{_fmt(theirs):<26} {ratio:5.2f}  {l0:.5f} / {p0:.5f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Broadcast: one rank's value to every rank of a group. The planner never picks it (no one-axis SBP
+change needs it); hand-written actor plans use it, and the runtime and simulator price it here."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .collective_kind import CollectiveKind
+from .kind_registry import register
+
+
+class BroadcastKind(CollectiveKind):
+    """Rank ``src`` sends its whole tensor (a pipelined ring: p - 1 latency steps); the others send 0."""
+
+    name = "broadcast"
+    has_root = True
+
+    def explain(self, old, new, axis_label: str) -> str:
+        return f"every rank on {axis_label} receives the source rank's value"
+
+    def value_of(self, xs: list[torch.Tensor], src_index: int) -> list[torch.Tensor]:
+        """In one process: every member's result, the source member's value."""
+        return [xs[src_index].clone() for _ in xs]
+
+    def actor_bytes(self, actor, me, x) -> int:
+        return x.numel() * x.element_size() if actor.group[me] == actor.src else 0
+
+    def launch(self, actor, x, group, p, me, rank, inplace):
+        y = x.clone() if rank == actor.src else torch.empty_like(x)
+        work = dist.broadcast(y, src=actor.src, group=group, async_op=True)
+        return work, lambda: y
+
+
+register(BroadcastKind())

@@ -1,0 +1,89 @@
+"""CollectiveKind: a step the ranks of one mesh-axis group do together with one torch.distributed
+collective (Gloo for CPU plans, NCCL for CUDA ones).
+
+Posting is asynchronous: ``start`` returns a ``Pending`` whose ``wait()`` finishes the output; on CUDA
+that only makes the current stream wait (NCCL's semantics). A collective never writes into its input
+register unless the runtime says nobody else reads it (``inplace``, only for kinds with
+``in_place_ok``). The bytes the Pending reports are ``actor_bytes``, the same arithmetic the plan
+used, so the plan, the actor spec and the trace carry one number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from ...layout import balanced_sizes
+from .kind_base import Pending, StepKind
+
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+              "avg": dist.ReduceOp.SUM}  # Gloo has no AVG: sum, then divide
+
+Finish = Callable[[], torch.Tensor]
+
+
+def numel(sizes: Sequence[int]) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
+
+
+def rest_of(shape: Sequence[int], dim: int) -> int:
+    """Elements per index of ``dim``: the product of the other dims."""
+    return numel([s for d, s in enumerate(shape) if d != dim])
+
+
+def even_sizes(n: int, p: int, what: str) -> tuple[int, ...]:
+    if n < p:
+        raise ValueError(f"collective {what!r}: cannot split {n} elements over {p} ranks")
+    return tuple(balanced_sizes(n, p))
+
+
+def pad0(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` (pieces along dim 0) padded with zeros to ``n`` rows, contiguous."""
+    if t.shape[0] == n:
+        return t.contiguous()
+    out = torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out
+
+
+def averaged(reduce_op: str, p: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Finishing touch of a reduction: ``avg`` is a sum divided by the group size."""
+    return (lambda t: t.div_(p)) if reduce_op == "avg" else (lambda t: t)
+
+
+class CollectiveKind(StepKind):
+    """A ring collective on one mesh axis: ``ring_rounds * (p - 1)`` latency steps."""
+
+    is_collective = True
+    moves_data = True
+    lowering = "collective"
+    ring_rounds: ClassVar[int] = 1
+
+    def rounds(self, group_size: int, messages: int = 1) -> int:
+        return self.ring_rounds * max(group_size - 1, 0)
+
+    def actor_bytes(self, actor: Any, me: int, x: torch.Tensor) -> int:
+        """Bytes group member ``me`` sends when ``actor`` runs on its input ``x``."""
+        raise NotImplementedError(f"boxing kind {self.name!r} does not say its actor's bytes")
+
+    def launch(self, actor: Any, x: torch.Tensor, group: object, p: int, me: int, rank: int,
+               inplace: bool) -> tuple[object, Finish]:
+        """Start the collective: (the async work handle, what turns its buffers into the output)."""
+        raise NotImplementedError(f"boxing kind {self.name!r} has no torch.distributed run")
+
+    def start(self, comm: Any, actor: Any, x: torch.Tensor | None, tag: int = 0,
+              inplace: bool = False) -> Pending:
+        assert x is not None
+        p = len(actor.group)
+        if p == 1:
+            return Pending(None, lambda: x.clone(), 0)
+        me = actor.group.index(comm.rank)
+        group = comm.groups[("group",) + tuple(actor.group)]
+        work, finish = self.launch(actor, x, group, p, me, comm.rank, inplace and self.in_place_ok)
+        return Pending(work, finish, self.actor_bytes(actor, me, x))

@@ -1,0 +1,1 @@
+"""SBP deduction: strategies and hints, placements and stages, and the one signature choice per op."""

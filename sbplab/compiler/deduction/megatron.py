@@ -1,0 +1,219 @@
+"""Megatron pairs found from the graph, not from names alone.
+
+A column-parallel layer (weight split by output features) leaves its output split; a row-parallel
+layer (weight split by input features) takes that split input and makes a partial sum, which one
+all-reduce finishes. That is only right if every op in between keeps the split without talking:
+an elementwise activation does, a LayerNorm over the split dim, a softmax over it or a residual add
+with the unsplit stream do not. Names (``*fc1``, ``*.q``) only nominate candidates; the op
+registry's signatures decide: an op keeps the pair when it has a signature taking its split inputs
+as they are (``S(d)``), every other input ``B``, and making only split outputs. Attention passes
+(a reshape to heads, a transpose, a batched matmul of two split tensors, a softmax over an unsplit
+dim) because each of those signatures exists; a LayerNorm over the split features does not.
+
+Candidates joined by split tensors form one group (``q``, ``k``, ``v`` and ``proj`` of one attention
+layer). A group is paired only if all of it holds; otherwise every layer in it stays replicated and
+the group says why (which op, which input, which signatures it does have).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ...ops.registry import NdSignature, nd_signatures
+from ...placement import Placement
+from ...sbp import B, Partial, Split
+from ..ir import Graph, OpNode
+
+
+@dataclass
+class PairGroup:
+    """Column layers, the ops their split flows through, and the row layers it ends in.
+
+    ``broken`` is None for a Megatron pair; otherwise it says why the group stays replicated.
+    """
+
+    columns: list[str]  # op names of column-parallel candidates (weight S(0))
+    rows: list[str] = field(default_factory=list)  # op names of row-parallel layers the split reaches
+    path: list[tuple[str, str, str]] = field(default_factory=list)  # (op, type, 1-D signature) in between
+    broken: str | None = None
+
+    @property
+    def paired(self) -> bool:
+        return self.broken is None and bool(self.rows)
+
+    def describe(self) -> str:
+        cols, rows = ", ".join(self.columns), ", ".join(self.rows) or "nothing"
+        via = " -> ".join(f"{op} ({t}: {s})" for op, t, s in self.path)
+        head = f"[{cols}] -> " + (f"{via} -> " if via else "") + f"[{rows}]"
+        if self.paired:
+            return f"paired {head}: every op in between keeps the split, one all-reduce each way"
+        return f"not paired {head}: {self.broken}; these layers stay replicated"
+
+
+@dataclass
+class Pairing:
+    """What a Megatron rule found in one graph: groups, and row candidates no column reaches."""
+
+    groups: list[PairGroup]
+    lonely_rows: dict[str, str]  # row candidate op -> why it has no column partner
+    unmatched: list[str]  # column/row globs that named no layer
+
+    @property
+    def pairs(self) -> list[PairGroup]:
+        return [g for g in self.groups if g.paired]
+
+    def lines(self) -> list[str]:
+        out = [g.describe() for g in self.groups]
+        out += [f"row candidate {r} left replicated: {why}" for r, why in self.lonely_rows.items()]
+        return out
+
+
+def weight_module(graph: Graph, op: OpNode) -> str | None:
+    """The module path of ``op``'s weight (``blocks.0.fc1`` for ``blocks.0.fc1.weight``), if it has one."""
+    if op.phase != "forward" or len(op.inputs) < 2:
+        return None
+    w = graph.tensors[op.inputs[1]]
+    if w.role != "param" or not w.name.endswith(".weight"):
+        return None
+    return w.name[: -len(".weight")]
+
+
+def _matches(name: str, globs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def _column_split(graph: Graph, op: OpNode, mesh: Placement) -> int | None:
+    """The dim the output is split on when the weight is ``S(0)`` and the data input ``B``."""
+    for sig in _sigs(graph, op, mesh):
+        ins, (out, *_) = [x[0] for x in sig.inputs], [x[0] for x in sig.outputs]
+        if ins[0] == B and ins[1] == Split(0) and isinstance(out, Split) and len(sig.outputs) == 1:
+            return out.dim
+    return None
+
+
+def _row_accepts(graph: Graph, op: OpNode, dim: int, mesh: Placement) -> bool:
+    """Whether input 0 split on ``dim`` and the weight ``S(1)`` make a partial sum (no boxing of input 0)."""
+    for sig in _sigs(graph, op, mesh):
+        ins, outs = [x[0] for x in sig.inputs], [x[0] for x in sig.outputs]
+        if ins[0] == Split(dim) and ins[1] == Split(1) and all(isinstance(o, Partial) for o in outs):
+            return True
+    return False
+
+
+def one_d(sig: NdSignature) -> str:
+    """A signature on a 1-D mesh as its 1-D text: ``S(1), B -> S(1)``."""
+    return f"{', '.join(repr(x[0]) for x in sig.inputs)} -> {', '.join(repr(x[0]) for x in sig.outputs)}"
+
+
+def _sigs(graph: Graph, op: OpNode, mesh: Placement) -> list[NdSignature]:
+    return nd_signatures(op.type, [graph.tensors[t].meta for t in op.inputs], op.attrs, mesh)
+
+
+def _keeping_signature(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement) -> NdSignature | None:
+    """A signature reading split inputs as they are and the rest ``B``, with only split outputs."""
+    want = tuple((Split(split[t]),) if t in split else (B,) for t in op.inputs)
+    for sig in _sigs(graph, op, mesh):
+        if sig.inputs == want and all(isinstance(o[0], Split) for o in sig.outputs):
+            return sig
+    return None
+
+
+def _no_keep_reason(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement) -> str:
+    have = ", ".join(f"{t} S({split[t]})" if t in split else f"{t} B" for t in op.inputs)
+    valid = [one_d(s) for s in _sigs(graph, op, mesh)][:6]
+    return (f"{op.type} {op.name!r} cannot keep the split without communication: no signature reads "
+            f"{have} and makes split outputs (it has: {'; '.join(valid)})")
+
+
+class _Groups:
+    """Union-find over column candidates; each root holds one PairGroup."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+        self.group: dict[int, PairGroup] = {}
+
+    def new(self, column: str) -> int:
+        i = len(self.parent)
+        self.parent[i], self.group[i] = i, PairGroup([column])
+        return i
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, ids: Sequence[int]) -> int:
+        roots = sorted({self.find(i) for i in ids})
+        keep = self.group[roots[0]]
+        for r in roots[1:]:
+            g = self.group.pop(r)
+            self.parent[r] = roots[0]
+            keep.columns += g.columns
+            keep.rows += g.rows
+            keep.path += g.path
+            keep.broken = keep.broken or g.broken
+        return roots[0]
+
+
+def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size: int) -> Pairing:
+    """Megatron groups of ``graph`` on a tensor-parallel axis of ``tp_size`` ranks (see module docstring)."""
+    mesh = Placement("cpu", tp_size)
+    fwd = [op for op in graph.ops if op.phase == "forward"]
+    modules = {op.name: weight_module(graph, op) for op in fwd}
+    unmatched = [g for g in (*column, *row) if not any(m and fnmatch.fnmatchcase(m, g) for m in modules.values())]
+    is_row = {op.name for op in fwd if modules[op.name] and _matches(modules[op.name], row)}
+    groups = _Groups()
+    split: dict[str, int] = {}  # tensor -> split dim, while it flows from a column layer
+    owner: dict[str, int] = {}  # tensor -> group id
+    too_small: list[str] = []
+    for op in fwd:
+        mine = [t for t in op.inputs if t in split]
+        if not mine:
+            if modules[op.name] and _matches(modules[op.name], column):
+                dim = _column_split(graph, op, mesh)
+                if dim is None:
+                    too_small.append(op.name)
+                    continue
+                gid = groups.new(op.name)
+                split[op.outputs[0]], owner[op.outputs[0]] = dim, gid
+            continue
+        gid = groups.union([owner[t] for t in mine])
+        g = groups.group[gid]
+        if op.name in is_row and mine == [op.inputs[0]]:
+            if _row_accepts(graph, op, split[op.inputs[0]], mesh):
+                g.rows.append(op.name)
+            else:
+                g.broken = g.broken or (f"row layer {op.name!r} cannot take its input split S({split[op.inputs[0]]}) "
+                                        f"with its weight S(1)")
+            continue
+        sig = _keeping_signature(graph, op, split, mesh)
+        if sig is None:
+            g.broken = g.broken or _no_keep_reason(graph, op, split, mesh)
+            continue
+        g.path.append((op.name, op.type, one_d(sig)))
+        for o, s in zip(op.outputs, sig.outputs):
+            split[o], owner[o] = s[0].dim, gid
+    for t, gid in owner.items():
+        g = groups.group[groups.find(gid)]
+        if not any(c.phase == "forward" for c in graph.consumers(t)) and g.broken is None:
+            g.broken = f"the split tensor {t!r} leaves the model (nothing downstream reduces it)"
+    found = list(groups.group.values())
+    for g in found:
+        if not g.rows and g.broken is None:
+            g.broken = "the split never reaches a row-parallel layer"
+    reached = {r for g in found for r in g.rows}
+    lonely = {r: _lonely_reason(graph, graph.op_by_name[r], owner, groups) for r in sorted(is_row - reached)}
+    for c in too_small:
+        found.append(PairGroup([c], broken=f"its output cannot be split over {tp_size} ranks"))
+    return Pairing(found, lonely, unmatched)
+
+
+def _lonely_reason(graph: Graph, op: OpNode, owner: dict[str, int], groups: _Groups) -> str:
+    src = graph.producer(op.inputs[0])
+    if op.inputs[0] in owner:
+        return f"its split input comes from a group that is not paired ({groups.group[groups.find(owner[op.inputs[0]])].broken})"
+    what = f"{src.type} {src.name!r}" if src is not None else f"the source {op.inputs[0]!r}"
+    return f"its input comes from {what}, which is not split by a column-parallel layer"

@@ -1,0 +1,241 @@
+"""A strategy: where ops run (placements, pipeline stages) and which SBP some tensors must have.
+
+Hints name tensors by glob pattern (``"*.fc1.weight"``) and optionally by role (``param``,
+``grad``, ``state``, ``input``); each carries a reason that error messages and explanations
+quote. A *store* hint fixes how a tensor is kept (a parameter stored ``S(0)`` under ZeRO, a
+gradient reduce-scattered to ``S(0)``); a *use* hint fixes how consumers read it (that same
+parameter gathered to ``B`` for use). Everything not hinted is deduced.
+
+A *signature* hint (``Strategy.signature``) names ops instead of tensors: those ops take the given
+n-D signature, and deduction boxes their inputs to fit (see ``signature_hints``).
+
+A hint a user writes must match something: a pattern that matches nothing is a ``HintError`` that
+suggests close names. Presets' hints are ``required=False`` (their globs cover several model
+families), and their Megatron pairs come from ``MegatronRule``s, resolved against the graph. What
+every hint matched is kept in ``strategy.report`` after deduction; ``strategy.explain(model)`` shows it
+without compiling.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from ...layout import LayoutError, check_layout
+from ...ops.signature_text import HintError  # noqa: F401  (defined below the compiler: SignatureError is one)
+from ...placement import Placement
+from ...sbp import NdSbp, as_nd_sbp, fmt_sbp
+from ..ir import ROLES, Graph
+
+if TYPE_CHECKING:
+    from .hint_report import HintReport
+    from .megatron_rule import MegatronRule
+    from .signature_hints import SignatureHint
+
+
+@dataclass(frozen=True)
+class Hint:
+    """``pattern`` (glob over tensor names) must have ``sbp``; ``why`` says who asked."""
+
+    pattern: str
+    sbp: object  # str, SBP or tuple; normalised against each matching tensor
+    why: str = ""
+    role: str | None = None  # only tensors of this role
+    use: bool = False  # True: the SBP consumers read, not the one it is stored in
+    only_if_fits: bool = False  # skip tensors too small for the split (a bias of 3 on 4 ranks)
+    input_grad: int | None = None  # pattern names forward ops; the hint is on the total gradient of their input
+    pin: bool = False  # consumers must read it as stored: no signature that would box it (Megatron weights)
+    required: bool = True  # matching nothing is an error (False for presets' hints, which may miss)
+    only: tuple[str, ...] | None = None  # of the pattern's matches, only these (names a MegatronRule resolved)
+
+    def __post_init__(self) -> None:
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"Hint role must be one of {ROLES} or None, got {self.role!r}")
+
+    def matches(self, name: str, role: str) -> bool:
+        return (self.role is None or self.role == role) and fnmatch.fnmatchcase(name, self.pattern)
+
+    def describe(self) -> str:
+        kind = "use" if self.use else "store"
+        role = f" ({self.role}s)" if self.role else ""
+        what = f"gradient of input {self.input_grad} of ops {self.pattern!r}" if self.input_grad is not None \
+            else repr(self.pattern)
+        return f"{kind} hint {what}{role}" + (f" [{self.why}]" if self.why else "")
+
+
+@dataclass
+class Strategy:
+    """How to parallelise a training graph.
+
+    ``placement`` is where everything runs by default. With ``stages`` (one placement per
+    pipeline stage, all with the same mesh rank), forward ops are cut into contiguous stages,
+    balanced by FLOPs unless ``stage_of`` maps module prefixes to stage numbers; backward and
+    update ops follow their forward op. ``micro_batches`` splits each step's batch. ``signatures``
+    are the ops told which signature to take (``signature``).
+    """
+
+    placement: Placement
+    hints: list[Hint] = field(default_factory=list)
+    stages: list[Placement] | None = None
+    stage_of: dict[str, int] = field(default_factory=dict)
+    micro_batches: int = 1
+    name: str = "custom"
+    signatures: list[SignatureHint] = field(default_factory=list)
+    megatron: list[MegatronRule] = field(default_factory=list)  # Megatron pairs, found in the graph
+    report: HintReport | None = field(default=None, repr=False, compare=False)  # set by the last deduction
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.placement, Placement):
+            raise TypeError(f"Strategy.placement must be an sl.Placement, got {type(self.placement).__name__}")
+        if self.micro_batches < 1:
+            raise ValueError(f"Strategy.micro_batches must be >= 1, got {self.micro_batches}")
+        if self.stages is not None:
+            if not self.stages:
+                raise ValueError("Strategy.stages must list at least one placement")
+            nd = {p.ndim for p in self.stages}
+            if len(nd) != 1:
+                raise ValueError(f"all pipeline stages must have meshes of the same rank, got ndims {sorted(nd)}")
+            for s in self.stage_of.values():
+                if not 0 <= s < len(self.stages):
+                    raise ValueError(f"stage_of names stage {s}, but there are {len(self.stages)} stages")
+
+    @property
+    def mesh_ndim(self) -> int:
+        return self.stages[0].ndim if self.stages else self.placement.ndim
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages) if self.stages else 1
+
+    def hint(self, pattern: str, sbp, why: str = "", role: str | None = None, use: bool = False,
+             only_if_fits: bool = False, pin: bool = False, required: bool = True) -> Strategy:
+        """Add a hint; returns self so hints chain. A ``required`` hint matching nothing is a HintError."""
+        self.hints.append(Hint(pattern, sbp, why, role, use, only_if_fits, pin=pin, required=required))
+        return self
+
+    def hint_input_grad(self, op_pattern: str, index: int, sbp, why: str = "", required: bool = True) -> Strategy:
+        """The total gradient of input ``index`` of the forward ops matching ``op_pattern`` must be
+        ``sbp``: Megatron's "f" (identity forward, all-reduce backward) is such a hint."""
+        self.hints.append(Hint(op_pattern, sbp, why, input_grad=index, required=required))
+        return self
+
+    def match_report(self, graph: Graph) -> HintReport:
+        """What each hint, Megatron rule and signature hint matches in ``graph``; raises nothing."""
+        from .hint_report import HintMatch, HintReport
+
+        mesh = self.stages[0] if self.stages else self.placement
+        by_role = _by_role(graph)
+        matches, pairings = [], []
+        for rule in self.megatron:
+            pairing = rule.pairing(graph, mesh.shape[rule.axis])
+            pairings.append((rule, pairing))
+            matches += [HintMatch(h, self._targets(graph, h, by_role), source="Megatron rule")
+                        for h in rule.hints(graph, pairing)]
+        matches += [HintMatch(h, self._targets(graph, h, by_role), source="user" if h.required else "preset")
+                    for h in self.hints]
+        sigs = [(h, [op.name for op in graph.ops if fnmatch.fnmatchcase(op.name, h.pattern)]) for h in self.signatures]
+        return HintReport(self.name, matches, pairings, sigs)
+
+    def explain(self, model: Any, example_inputs: Any = None, loss_fn: Callable | None = None,
+                target: Any = None) -> str:
+        """Per hint, what it matches in ``model`` (a torch module, a Graph or a compiled step); per
+        Megatron rule, which layers it paired and why others were left replicated."""
+        from .hint_report import training_graph
+
+        graph = training_graph(model, example_inputs, loss_fn, target, self.micro_batches)
+        return self.match_report(graph).text()
+
+    def signature(self, op_pattern: str, sig, why: str = "") -> Strategy:
+        """Ops whose names match ``op_pattern`` (a glob; ``signature_hints.escape`` makes one from a
+        name) take ``sig``: an ``NdSignature`` or text like ``"S(0), B -> S(0)"`` (1-D meshes) or
+        ``"(S(0), B), (B, S(1)) -> (S(0), S(1))"``. Returns self so hints chain."""
+        from .signature_hints import SignatureHint
+
+        self.signatures.append(SignatureHint(op_pattern, sig, why))
+        return self
+
+    def _targets(self, graph: Graph, h: Hint, by_role: dict[str | None, list[str]]) -> list[str]:
+        if h.input_grad is None:
+            match = _glob(h.pattern)
+            return [n for n in by_role[h.role] if match(n) and (h.only is None or n in h.only)]
+        out = []
+        for op in graph.ops:
+            if op.phase == "forward" and fnmatch.fnmatchcase(op.name, h.pattern) and h.input_grad < len(op.inputs) \
+                    and (h.only is None or op.name in h.only):
+                g = graph.tensor_grads.get(op.inputs[h.input_grad])
+                if g is not None and g not in out:
+                    out.append(g)
+        return out
+
+    def resolve_hints(self, graph: Graph) -> tuple[dict[str, tuple[NdSbp, Hint]], dict[str, tuple[NdSbp, Hint]]]:
+        """Per tensor: (store SBP, hint) and (use SBP, hint); disagreeing hints raise HintError, and so
+        does a required hint (or a strict Megatron rule's glob) that matches nothing."""
+        from .hint_report import unmatched_message
+
+        report = self.match_report(graph)
+        for rule, pairing in report.pairings:
+            rule.check(graph, pairing)
+        store: dict[str, tuple[NdSbp, Hint]] = {}
+        use: dict[str, tuple[NdSbp, Hint]] = {}
+        for m in report.matches:
+            h = m.hint
+            if not m.targets and h.required:
+                raise HintError(unmatched_message(graph, h))
+            for name in m.targets:
+                t = graph.tensors[name]
+                try:
+                    nd = as_nd_sbp(h.sbp, self.mesh_ndim, len(t.shape), what=f"tensor {name!r} ({h.describe()})")
+                except ValueError:
+                    if h.only_if_fits:
+                        m.skipped.append(name)
+                        continue
+                    raise
+                if h.only_if_fits and not _fits(t.shape, nd, self.stages[0] if self.stages else self.placement):
+                    m.skipped.append(name)
+                    continue
+                table = use if h.use else store
+                if name in table and table[name][0] != nd:
+                    old_nd, old_h = table[name]
+                    raise HintError(
+                        f"tensor {name!r} has contradictory {'use' if h.use else 'store'} hints: "
+                        f"{fmt_sbp(old_nd)} from {old_h.describe()} and {fmt_sbp(nd)} from {h.describe()}; "
+                        f"drop one of them or make the patterns disjoint"
+                    )
+                table.setdefault(name, (nd, h))
+        self.report = report
+        return store, use
+
+
+def _by_role(graph: Graph) -> dict[str | None, list[str]]:
+    """Tensor names, all (key None) and per role."""
+    by_role: dict[str | None, list[str]] = {None: list(graph.tensors)}
+    for n, t in graph.tensors.items():
+        by_role.setdefault(t.role, []).append(n)
+    for r in ROLES:
+        by_role.setdefault(r, [])
+    return by_role
+
+
+@lru_cache(maxsize=1024)
+def _glob(pattern: str) -> Callable[[str], object]:
+    """A compiled matcher for a glob (``fnmatch.fnmatchcase`` without its per-call overhead)."""
+    return re.compile(fnmatch.translate(pattern)).match
+
+
+def _fits(shape, nd: NdSbp, placement: Placement) -> bool:
+    try:
+        check_layout(shape, placement, nd)
+    except LayoutError:
+        return False
+    return True
+
+
+def ranks_of(placements: Sequence[Placement]) -> list[int]:
+    out: list[int] = []
+    for p in placements:
+        out += [r for r in p.rank_list if r not in out]
+    return out

@@ -1,0 +1,1 @@
+"""The frontend: a torch.nn.Module (traced with torch.fx) or a hand-built graph becomes a logical graph."""

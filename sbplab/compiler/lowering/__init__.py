@@ -1,0 +1,1 @@
+"""Lowering: a physical graph becomes the runtime's actor plan (actors, registers, collective order)."""

@@ -1,0 +1,246 @@
+"""Physical graph -> ActorPlan: every op instance becomes an actor on its rank.
+
+- input sources become ``Source`` actors (the driver cuts the batch), parameters and optimizer
+  state become ``State`` actors initialised from the graph's values and updated by the node the
+  compiler names as their new value;
+- compute nodes become ``Compute`` actors with their localized attributes; an ``acc`` node is its
+  per-micro-batch term followed by an ``Accumulate``;
+- boxing steps: collectives become ``Collective`` actors (one name per group, so members match),
+  local steps (slice, zero) become small kernels, and moves between placements become a
+  ``take_block -> Send`` per transfer on the source and ``Recv``s plus a ``put_blocks`` on the
+  destination;
+- the loss (and, if asked, the gradients) go to ``Sink`` actors.
+
+Micro-batch scope follows the node's ``when``: "each" fires per micro-batch, "before" and "after"
+once per step. Register counts follow OneFlow's rule for pipelines: a micro-batch actor on stage
+s of S keeps max(2, S - s) registers, so stage s can hold the activations of every micro-batch
+still in flight after it; step actors keep 1 or 2.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...boxing.kinds import kernel_ref, kind_of
+from ...layout import local_block
+from ...runtime.actor_plan import ActorPlan, CommSlot
+from ...runtime.specs import (
+    Accumulate,
+    Actor,
+    Collective,
+    Compute,
+    PlanError,
+    Recv,
+    Ref,
+    Send,
+    Sink,
+    Source,
+    State,
+)
+
+if TYPE_CHECKING:
+    from ..ir import Graph
+    from ..physical.graph import PhysicalGraph, PhysNode
+
+
+class _Lowering:
+    def __init__(self, phys: PhysicalGraph, graph: Graph, registers: int | None) -> None:
+        self.phys, self.graph = phys, graph
+        self.stages = 1 + max((n.stage for n in phys.nodes), default=0)
+        self.fixed = registers
+        self.actors: dict[int, list[Actor]] = {r: [] for r in phys.ranks}
+        self.name: dict[int, str] = {}
+        self.scope: dict[int, str] = {}
+        self.tags: dict[tuple, int] = {}
+        self.p2p: dict[tuple[int, int], list[tuple[int, str]]] = {}  # (node, peer) -> [(rank, actor)]
+        from ..physical.local_executor import initial_shards  # the executor's and our starting values agree
+
+        self.initial = initial_shards(phys, graph)
+
+    def regs(self, n: PhysNode) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        return max(2, self.stages - n.stage) if n.when == "each" else 2
+
+    def ref(self, r: Any) -> Ref:
+        return Ref(self.name[r.node], r.out)
+
+    def tag(self, key: tuple) -> int:
+        return self.tags.setdefault(key, len(self.tags))
+
+    def add(self, n: PhysNode, a: Actor) -> None:
+        self.actors[n.rank].append(a)
+
+    # --- one node -------------------------------------------------------------------------------
+    def node(self, n: PhysNode) -> None:
+        # with one micro-batch, "each" and "after" coincide: everything fires once per step
+        scope = "micro" if n.when == "each" and self.phys.micro_batches > 1 else "step"
+        self.name[n.id] = f"n{n.id}"
+        self.scope[n.id] = "step" if n.accumulate else scope
+        common = dict(phase=n.phase, scope=scope, registers=self.regs(n))
+        if n.kind == "source":
+            self.source(n)
+        elif n.kind == "compute" and n.accumulate:
+            if len(n.inputs) != 1 or len(n.out_shapes) != 1:
+                raise PlanError(f"node n{n.id}: acc nodes have one input and one output")
+            if n.op == "acc":  # the kernel is scale * x: fold it into the accumulation
+                self.add(n, Accumulate(f"n{n.id}", inputs=(self.ref(n.inputs[0]),), reduce="sum",
+                                       scale=float(n.attrs.get("scale", 1.0)), phase=n.phase, registers=2))
+                return
+            self.add(n, Compute(f"n{n.id}.term", op=n.op, attrs=n.attrs,
+                                inputs=tuple(map(self.ref, n.inputs)), **common))
+            self.add(n, Accumulate(f"n{n.id}", inputs=(Ref(f"n{n.id}.term"),), reduce="sum", phase=n.phase,
+                                   registers=2))
+        elif n.kind == "compute":
+            self.add(n, Compute(f"n{n.id}", op=n.op, attrs=n.attrs, inputs=tuple(map(self.ref, n.inputs)),
+                                outputs=len(n.out_shapes), **common))
+        elif n.kind == "boxing" and n.attrs["plan_step"].kind_obj.lowering == "collective":
+            self.collective(n, common)
+        elif n.kind == "boxing" and n.attrs["plan_step"].kind_obj.lowering == "kernel":
+            self.local_step(n, common)
+        elif n.op == "send":
+            self.send(n, common)
+        elif n.op == "recv":
+            self.recv(n, common)
+        else:
+            raise PlanError(f"node n{n.id} ({n.kind} {n.op!r}) has no actor lowering")
+
+    def source(self, n: PhysNode) -> None:
+        name = n.logical
+        pl, sbp = self.phys.source_placement[name], self.phys.source_sbp[name]
+        t = self.graph.tensors[name]
+        if t.role == "input":
+            self.add(n, Source(f"n{n.id}", feed=name, placement=pl, sbp=sbp, registers=self.regs(n),
+                               scope="micro" if self.phys.micro_batches > 1 else "step"))
+            return
+        init = self.initial[name][n.rank]
+        self.add(n, State(f"n{n.id}", init=init, key=name, placement=pl, sbp=sbp, registers=1))
+
+    def collective(self, n: PhysNode, common: dict) -> None:
+        """One member of a group collective: the kind says the actor's fields and the bytes it sends."""
+        step = n.attrs["plan_step"]
+        group = tuple(n.attrs["group"])
+        shape = self.graph.tensors[n.logical].shape
+        kw = step.kind_obj.collective_attrs(step, group, n.in_shapes[0], shape)
+        if n.collective is None:
+            raise PlanError(f"node n{n.id} ({n.op}) has no entry in the collective order")
+        self.name[n.id] = f"c{n.collective}"
+        self.add(n, Collective(f"c{n.collective}", kind_=step.kind, group=group, inputs=(self.ref(n.inputs[0]),),
+                               order=n.collective, mesh_axis=step.mesh_axis,
+                               bytes_sent=int(step.bytes_sent.get(n.rank, 0)), **kw, **common))
+
+    def local_step(self, n: PhysNode, common: dict) -> None:
+        """A local step (slice, zero fill): the kind's own kernel, the one its in-process run calls."""
+        step = n.attrs["plan_step"]
+        fn, attrs = step.kind_obj.kernel(step, n.rank, n.in_shapes[0], self.graph.tensors[n.logical].shape)
+        self.add(n, Compute(f"n{n.id}", op=kernel_ref(fn), attrs=attrs, inputs=(self.ref(n.inputs[0]),), **common))
+
+    def _transfer_key(self, n: PhysNode, src: int, dst: int, block) -> tuple:
+        return (n.boxing, n.step, src, dst, tuple(block))
+
+    def send(self, n: PhysNode, common: dict) -> None:
+        step = n.attrs["plan_step"]
+        src_block = local_block(self.graph.tensors[n.logical].shape, step.src_placement, step.src_sbp, n.rank)
+        for j, (dst, block) in enumerate(n.attrs["transfers"]):
+            fn, attrs = step.kind_obj.take_kernel(block, src_block)
+            self.add(n, Compute(f"n{n.id}.take{j}", op=kernel_ref(fn), attrs=attrs,
+                                inputs=(self.ref(n.inputs[0]),), **common))
+            self.p2p.setdefault((n.id, dst), []).append((n.rank, f"n{n.id}.send{j}"))
+            self.add(n, Send(f"n{n.id}.send{j}", inputs=(Ref(f"n{n.id}.take{j}"),), peer=dst,
+                             tag=self.tag(self._transfer_key(n, n.rank, dst, block)), order=n.collective or 0,
+                             **common))
+
+    def recv(self, n: PhysNode, common: dict) -> None:
+        step = n.attrs["plan_step"]
+        shape = self.graph.tensors[n.logical].shape
+        dst_block = local_block(shape, step.placement, step.dst_sbp, n.rank)
+        src_of_local = local_block(shape, step.src_placement, step.src_sbp, n.rank) \
+            if n.rank in step.src_placement else None
+        inputs, takes, puts = [], [], []
+        for j, (src, block) in enumerate(n.attrs["transfers"]):
+            put = tuple((s - o, e - o) for (s, e), (o, _) in zip(block, dst_block))
+            if src == n.rank:
+                local = n.inputs[n.attrs["local_input"]]
+                inputs.append(self.ref(local))
+                takes.append(tuple((s - o, e - o) for (s, e), (o, _) in zip(block, src_of_local)))
+            else:
+                bshape = tuple(e - s for s, e in block)
+                tag = self.tag(self._transfer_key(n, src, n.rank, block))
+                self.p2p.setdefault((n.id, src), []).append((n.rank, f"n{n.id}.recv{j}"))
+                self.add(n, Recv(f"n{n.id}.recv{j}", peer=src, tag=tag, shape=bshape, dtype=n.out_dtypes[0],
+                                 order=n.collective or 0, **common))
+                inputs.append(Ref(f"n{n.id}.recv{j}"))
+                takes.append(None)
+            puts.append(put)
+        fn, attrs = step.kind_obj.put_kernel(n.out_shapes[0], takes, puts)
+        self.add(n, Compute(f"n{n.id}", op=kernel_ref(fn), inputs=tuple(inputs), attrs=attrs, **common))
+
+    # --- the whole graph ------------------------------------------------------------------------
+    def sinks(self, outputs: bool) -> None:
+        phys = self.phys
+        for r, ref in phys.loss.items():
+            self.actors[r].append(Sink("loss.sink", inputs=(self.ref(ref),), key="loss",
+                                       placement=phys.loss_placement, sbp=phys.loss_sbp,
+                                       scope=self.scope[ref.node], micro_reduce="mean"))
+        if not outputs:
+            return
+        for gname, per_rank in phys.outputs.items():
+            for r, ref in per_rank.items():
+                node = phys.nodes[ref.node]
+                param = gname[:-5] if gname.endswith(".grad") else gname
+                pl = phys.source_placement.get(param, phys.loss_placement)
+                self.actors[r].append(Sink(f"{gname}.sink", inputs=(self.ref(ref),), key=gname, placement=pl,
+                                           sbp=node.out_sbps[ref.out], scope=self.scope[ref.node],
+                                           micro_reduce="sum"))
+
+    def compiler_order(self) -> list[CommSlot]:
+        """The physical graph's collective order as slots: before the loop, each micro-batch, after."""
+        phys, M = self.phys, self.phys.micro_batches
+        slots: dict[str, list[list[CommSlot]]] = {"before": [], "each": [], "after": []}
+        for c in phys.collectives:
+            if kind_of(c.kind).between_placements:
+                s_node, r_node = c.nodes
+                names = self.p2p[(s_node, c.group[1])] + self.p2p[(r_node, c.group[0])]
+            else:
+                names = [(phys.nodes[i].rank, f"c{c.index}") for i in c.nodes]
+            slots[c.when].append([CommSlot(r, a, 0) for r, a in names])
+        step = M == 1
+        out = [CommSlot(s.rank, s.actor, -1) for group in slots["before"] for s in group]
+        for m in range(M):
+            out += [CommSlot(s.rank, s.actor, -1 if step else m) for group in slots["each"] for s in group]
+        out += [CommSlot(s.rank, s.actor, -1) for group in slots["after"] for s in group]
+        return out
+
+    def updates(self) -> None:
+        for name, per_rank in self.phys.state_updates.items():
+            for r, ref in per_rank.items():
+                src = self.phys.sources[name][r]
+                st = next(a for a in self.actors[r] if a.name == f"n{src}")
+                st.update = self.ref(ref)  # type: ignore[attr-defined]
+
+
+def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None = None, outputs: bool = False,
+                    name: str = "compiled", world_size: int | None = None,
+                    order: str = "derive") -> ActorPlan:
+    """The ActorPlan of one training step of ``phys`` (lowered from ``graph``, which holds the values).
+
+    registers: one register count for every actor instead of the pipeline-aware defaults.
+    outputs: also hand back the gradients (``result.outputs[grad name]``).
+    order: "derive" (default): the global communication order comes from simulating the actors,
+        which lets pipeline stages overlap and proves the register counts cannot deadlock;
+        "compiler": the physical graph's own order (each micro-batch's communication in turn),
+        replayed first and refused if the register counts would deadlock under it.
+    """
+    if order not in ("derive", "compiler"):
+        raise ValueError(f"order must be 'derive' or 'compiler', got {order!r}")
+    lw = _Lowering(phys, graph, registers)
+    for n in phys.nodes:
+        lw.node(n)
+    lw.updates()
+    lw.sinks(outputs)
+    device = phys.loss_placement.device_type
+    size = world_size or (max(phys.ranks) + 1)
+    # no ``imports``: workers only run kernels, and every op (gradient and optimizer ops too) is
+    # registered by sbplab.ops, which the runtime imports to find them
+    return ActorPlan.build(size, lw.actors, micro_batches=phys.micro_batches, device_type=device, name=name,
+                           comm_order=lw.compiler_order() if order == "compiler" else None)

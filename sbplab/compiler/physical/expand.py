@@ -1,0 +1,225 @@
+"""Lowering: a deduced training graph becomes a physical graph (per-rank op instances, boxing
+steps, one global collective order).
+
+Nodes are made in one walk over the logical ops, so their order is topological and the order of
+collectives is the order a single process would meet them; every rank follows that order.
+Boxings are expanded step by step (one mesh axis at a time, or a move between placements, which
+becomes ``send`` nodes on the sources and ``recv`` nodes on the destinations).
+"""
+
+from __future__ import annotations
+
+from ...boxing.step import BoxingStep
+from ...layout import local_block, local_shape
+from ...ops.registry import get_op, local_context
+from ...sbp import NdSbp
+from ..deduction.deduce import Boxing, Deduction
+from ..ir import GraphError
+from .graph import PhysCollective, PhysicalGraph, PhysNode, PhysRef
+
+
+class _Lowerer:
+    def __init__(self, d: Deduction) -> None:
+        self.d, self.g = d, d.graph
+        self.nodes: list[PhysNode] = []
+        self.colls: list[PhysCollective] = []
+        self.stored: dict[tuple[str, int], PhysRef] = {}
+        self.boxed: dict[tuple[int, int], PhysRef] = {}
+        self._local: dict[tuple, tuple] = {}  # per-rank view of an op, shared by identical layers
+        self._shapes: dict[tuple, tuple[int, ...]] = {}
+
+    def lshape(self, shape, pl, sbp, r) -> tuple[int, ...]:
+        key = (shape, pl, sbp, r)
+        v = self._shapes.get(key)
+        if v is None:
+            v = self._shapes[key] = local_shape(shape, pl, sbp, r)
+        return v
+
+    def local_view(self, op, opdef, metas, sig, r) -> tuple:
+        """(local attrs, input shapes, output shapes, output dtypes) of ``op`` on rank ``r``."""
+        key = (op.type, tuple(metas), tuple(sorted(op.attrs.items())), sig, op.placement, r)
+        v = self._local.get(key)
+        if v is None:
+            ctx = local_context(opdef, metas, op.attrs, sig, op.placement, r)
+            if ctx is None:
+                raise GraphError(f"op {op.name!r}: signature {sig} leaves rank {r} an empty shard")
+            v = self._local[key] = (opdef.localize(dict(op.attrs), ctx), tuple(_shape(b) for b in ctx.in_blocks),
+                                    tuple(_shape(b) for b in ctx.out_blocks), tuple(m.dtype for m in ctx.out_metas))
+        return v
+
+    def _when(self, inputs, phase: str) -> str:
+        whens = {"after" if self.nodes[r.node].accumulate else self.nodes[r.node].when for r in inputs}
+        if "after" in whens:
+            return "after"
+        if "each" in whens:
+            if phase == "update":
+                if self.g.micro_batches > 1:
+                    raise GraphError("an update reads a per-micro-batch value that was not accumulated")
+                return "after"
+            return "each"
+        return "before"
+
+    def add(self, **kw) -> PhysNode:
+        if "when" not in kw:
+            kw["when"] = self._when(kw["inputs"], kw["phase"])
+        n = PhysNode(id=len(self.nodes), **kw)
+        self.nodes.append(n)
+        return n
+
+    # --- sources -------------------------------------------------------------------------------
+    def sources(self) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {}
+        for name in self.g.sources():
+            t = self.g.tensors[name]
+            if not t.consumers and name not in self.g.state_updates:
+                continue
+            pl, sbp = self.d.placement[name], self.d.sbp[name]
+            stage = self._stage_of_source(name)
+            out[name] = {}
+            for r in pl.rank_list:
+                n = self.add(rank=r, kind="source", op=t.role, logical=name,
+                             attrs={"block": local_block(t.shape, pl, sbp, r), "sbp": sbp}, inputs=(), in_shapes=(),
+                             out_shapes=(local_shape(t.shape, pl, sbp, r),), out_dtypes=(t.meta.dtype,),
+                             out_sbps=(sbp,), phase="forward", stage=stage,
+                             when="each" if t.role == "input" else "before")
+                out[name][r] = n.id
+                self.stored[(name, r)] = PhysRef(n.id)
+        return out
+
+    def _stage_of_source(self, name: str) -> int:
+        users = self.g.consumers(name)
+        return users[0].stage if users else 0
+
+    # --- boxing --------------------------------------------------------------------------------
+    def box(self, b: Boxing) -> None:
+        if (b.id, b.dst_placement.rank_list[0]) in self.boxed:
+            return
+        if b.source is not None:
+            self.box(self.d.boxings[b.source])
+            cur = {r: self.boxed[(b.source, r)] for r in b.src_placement.rank_list}
+        else:
+            cur = {r: self.stored[(b.tensor, r)] for r in b.src_placement.rank_list}
+        shape = self.g.tensors[b.tensor].shape
+        dtype = self.g.tensors[b.tensor].meta.dtype
+        for k, step in enumerate(b.plan.steps):
+            if step.mesh_axis is None:
+                cur = self._move(b, k, step, cur, shape, dtype)
+            else:
+                cur = self._axis(b, k, step, cur, shape, dtype)
+        for r in b.dst_placement.rank_list:
+            self.boxed[(b.id, r)] = cur[r]
+
+    def _axis(self, b: Boxing, k: int, step: BoxingStep, cur, shape, dtype) -> dict[int, PhysRef]:
+        pl, axis = step.placement, step.mesh_axis
+        made: dict[int, PhysNode] = {}
+        for r in pl.rank_list:
+            made[r] = self.add(
+                rank=r, kind="boxing", op=step.kind, logical=b.tensor,
+                attrs={"mesh_axis": axis, "group": pl.group_of(r, axis), "src_sbp": step.src_sbp,
+                       "dst_sbp": step.dst_sbp, "reduce_op": step.reduce_op, "plan_step": step},
+                inputs=(cur[r],), in_shapes=(self.lshape(shape, pl, step.src_sbp, r),),
+                out_shapes=(self.lshape(shape, pl, step.dst_sbp, r),), out_dtypes=(dtype,), out_sbps=(step.dst_sbp,),
+                phase=b.phase, stage=b.stage, boxing=b.id, step=k)
+        if step.kind_obj.is_collective:
+            for grp in step.groups:
+                c = PhysCollective(index=len(self.colls), kind=step.kind, group=tuple(grp), mesh_axis=axis,
+                               nodes=tuple(made[r].id for r in grp), bytes_sent={r: step.bytes_sent.get(r, 0) for r in grp},
+                               boxing=b.id, step=k, phase=b.phase, when=made[grp[0]].when, reduce_op=step.reduce_op)
+                self.colls.append(c)
+                for r in grp:
+                    made[r].collective = c.index
+        return {r: PhysRef(n.id) for r, n in made.items()}
+
+    def _move(self, b: Boxing, k: int, step: BoxingStep, cur, shape, dtype) -> dict[int, PhysRef]:
+        src_pl, dst_pl = step.src_placement, step.placement
+        sends: dict[int, PhysNode] = {}
+        for s in src_pl.rank_list:
+            out = [(t.dst_rank, t.block) for t in step.transfers if t.src_rank == s and t.dst_rank != s]
+            if out:
+                sends[s] = self.add(rank=s, kind="boxing", op="send", logical=b.tensor,
+                                    attrs={"transfers": tuple(out), "src_sbp": step.src_sbp, "plan_step": step},
+                                    inputs=(cur[s],), in_shapes=(local_shape(shape, src_pl, step.src_sbp, s),),
+                                    out_shapes=(), out_dtypes=(), out_sbps=(), phase=b.phase, stage=b.stage,
+                                    boxing=b.id, step=k)
+        recvs: dict[int, PhysNode] = {}
+        for d in dst_pl.rank_list:
+            froms = [(t.src_rank, t.block) for t in step.transfers if t.dst_rank == d]
+            inputs = [PhysRef(sends[s].id) for s in sorted({s for s, _ in froms if s != d})]
+            local = any(s == d for s, _ in froms)
+            if local:
+                inputs.append(cur[d])
+            recvs[d] = self.add(rank=d, kind="boxing", op="recv", logical=b.tensor,
+                                attrs={"transfers": tuple(froms), "dst_sbp": step.dst_sbp,
+                                       "local_input": len(inputs) - 1 if local else None, "plan_step": step},
+                                inputs=tuple(inputs), in_shapes=tuple(() for _ in inputs),
+                                out_shapes=(local_shape(shape, dst_pl, step.dst_sbp, d),), out_dtypes=(dtype,),
+                                out_sbps=(step.dst_sbp,), phase=b.phase, stage=b.stage, boxing=b.id, step=k)
+        for key in sorted({(t.src_rank, t.dst_rank) for t in step.transfers if t.src_rank != t.dst_rank}):
+            nbytes = sum(x.numel for x in step.transfers if (x.src_rank, x.dst_rank) == key) * dtype.itemsize
+            c = PhysCollective(index=len(self.colls), kind="send_recv", group=key, mesh_axis=None,
+                           nodes=(sends[key[0]].id, recvs[key[1]].id), bytes_sent={key[0]: nbytes},
+                           boxing=b.id, step=k, phase=b.phase, when=recvs[key[1]].when)
+            self.colls.append(c)
+            sends[key[0]].collective = recvs[key[1]].collective = c.index
+        return {r: PhysRef(n.id) for r, n in recvs.items()}
+
+    # --- compute -------------------------------------------------------------------------------
+    def compute(self) -> None:
+        d, g = self.d, self.g
+        for op in g.ops:
+            choice = d.choices[op.name]
+            for bid in choice.reads:
+                if bid is not None:
+                    self.box(d.boxings[bid])
+            opdef = get_op(op.type)
+            metas = [g.tensors[i].meta for i in op.inputs]
+            sig = choice.signature
+            for r in op.placement.rank_list:
+                attrs, in_shapes, out_shapes, dtypes = self.local_view(op, opdef, metas, sig, r)
+                inputs = tuple(self.boxed[(bid, r)] if bid is not None else self.stored[(t, r)]
+                               for t, bid in zip(op.inputs, choice.reads))
+                n = self.add(rank=r, kind="compute", op=op.type, logical=op.name, attrs=dict(attrs), inputs=inputs,
+                             in_shapes=in_shapes, out_shapes=out_shapes, out_dtypes=dtypes,
+                             out_sbps=tuple(sig.outputs), phase=op.phase, stage=op.stage,
+                             accumulate=op.type == "acc")
+                for j, o in enumerate(op.outputs):
+                    self.stored[(o, r)] = PhysRef(n.id, j)
+            for o in op.outputs:
+                if o in d.store_boxing:
+                    b = d.boxings[d.store_boxing[o]]
+                    self.box(b)
+                    for r in b.dst_placement.rank_list:
+                        self.stored[(o, r)] = self.boxed[(b.id, r)]
+
+
+def _shape(block) -> tuple[int, ...]:
+    return tuple(e - s for s, e in block)
+
+
+def lower(d: Deduction) -> PhysicalGraph:
+    """Expand a deduction into a ``PhysicalGraph``."""
+    lw = _Lowerer(d)
+    g = d.graph
+    sources = lw.sources()
+    lw.compute()
+    updates = {}
+    for old, new in g.state_updates.items():
+        bid = d.write_backs.get(old)
+        if bid is not None:
+            lw.box(d.boxings[bid])
+            updates[old] = {r: lw.boxed[(bid, r)] for r in d.placement[old].rank_list}
+        else:
+            updates[old] = {r: lw.stored[(new, r)] for r in d.placement[old].rank_list}
+    loss = g.loss_value or g.loss
+    if loss is None:
+        raise GraphError("the graph has no loss; compile a training graph")
+    ranks = sorted({n.rank for n in lw.nodes})
+    outputs = {gr: {r: lw.stored[(gr, r)] for r in d.placement[gr].rank_list} for gr in g.grads.values()}
+    sbp: dict[str, NdSbp] = {s: d.sbp[s] for s in sources}
+    return PhysicalGraph(
+        nodes=lw.nodes, collectives=lw.colls, ranks=tuple(ranks), micro_batches=g.micro_batches, sources=sources,
+        source_sbp=sbp, source_placement={s: d.placement[s] for s in sources}, state_updates=updates,
+        loss={r: lw.stored[(loss, r)] for r in d.placement[loss].rank_list}, loss_sbp=d.sbp[loss],
+        loss_placement=d.placement[loss], outputs=outputs, output_sbp={o: d.sbp[o] for o in outputs},
+        output_placement={o: d.placement[o] for o in outputs},
+    )

@@ -1,0 +1,145 @@
+"""Reverse-mode autodiff on the logical graph: the backward pass as ordinary graph ops.
+
+Walking the forward ops in reverse, each op's rule (``OpDef.grad``) turns its output gradients
+into input gradients; a tensor read by several ops sums its contributions with ``add``. Because
+the backward pass is made of registry ops, SBP deduction treats it exactly like the forward: a
+batch-split activation times a broadcast weight yields a ``P`` weight gradient by signature, not
+by special case. With micro-batches, ``acc`` ops sum each gradient over the micro-batches of a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...ops.registry import get_op
+from ..ir import Graph, GraphError, OpNode
+from .grad_rules import attach_rules
+
+
+class _Ctx:
+    """What a rule may do: emit backward ops next to the forward op, and read shapes."""
+
+    def __init__(self, graph: Graph, requires: set[str]) -> None:
+        self.graph, self.requires = graph, requires
+        self.op: OpNode | None = None
+
+    def emit(self, type: str, inputs: Sequence[str], attrs: dict | None = None) -> list[str]:
+        op = self.op
+        node = self.graph.add_op(type, inputs, attrs, phase="backward", module=op.module if op else "",
+                                 source=op.source if op else "", forward_op=op.name if op else None)
+        return list(node.outputs)
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self.graph.tensors[tensor].shape
+
+    def needs(self, op: OpNode, index: int) -> bool:
+        return op.inputs[index] in self.requires
+
+
+def _requires_grad(graph: Graph) -> set[str]:
+    """Params, and every floating tensor computed from one."""
+    req = {p for p in graph.params if graph.tensors[p].meta.dtype.is_floating_point}
+    for op in graph.ops:
+        if op.phase == "forward" and any(i in req for i in op.inputs):
+            req.update(o for o in op.outputs if graph.tensors[o].meta.dtype.is_floating_point)
+    return req
+
+
+def differentiate(graph: Graph, loss: str, seed: float = 1.0) -> dict[str, str]:
+    """Append the backward pass of ``loss`` to ``graph``; returns param -> gradient tensor.
+
+    ``seed`` is d(objective)/d(loss): 1 for one batch, 1/M when the objective is the mean over M
+    micro-batches. A parameter the loss does not depend on gets a zero gradient (and a warning in
+    its name: ``fill``), so optimizers still see every parameter.
+    """
+    attach_rules()
+    if graph.tensors[loss].shape != ():
+        raise GraphError(f"the loss {loss!r} must be a scalar, got shape {graph.tensors[loss].shape}; "
+                         f"reduce it with mean or sum first")
+    requires = _requires_grad(graph)
+    if loss not in requires:
+        raise GraphError(f"the loss {loss!r} does not depend on any parameter; nothing to train")
+    ctx = _Ctx(graph, requires)
+    contribs: dict[str, list[str]] = {loss: ctx.emit("fill", [], {"shape": (), "value": float(seed)})}
+    forward = [op for op in graph.ops if op.phase == "forward"]
+    missing = sorted({op.type for op in forward if get_op(op.type).grad is None
+                      and any(i in requires for i in op.inputs)})
+    if missing:
+        raise GraphError(f"no gradient rule for op(s) {missing}; these ops cannot be trained through")
+    for op in reversed(forward):
+        if not any(o in contribs for o in op.outputs) or not any(i in requires for i in op.inputs):
+            continue
+        ctx.op = op
+        gouts = [_total(ctx, contribs.get(o)) for o in op.outputs]
+        for o, go in zip(op.outputs, gouts):
+            if go is not None:
+                graph.tensor_grads[o] = go
+        grads = get_op(op.type).grad(ctx, op, gouts)
+        if len(grads) != len(op.inputs):
+            raise GraphError(f"gradient rule of {op.type!r} returned {len(grads)} grads for {len(op.inputs)} inputs")
+        for inp, gi in zip(op.inputs, grads):
+            if gi is not None and inp in requires:
+                contribs.setdefault(inp, []).append(gi)
+    ctx.op = None
+    out = {}
+    for p in graph.params:
+        if p not in requires:
+            continue
+        if p in contribs:
+            out[p] = _total(ctx, contribs[p])
+        else:
+            out[p] = ctx.emit("fill", [], {"shape": graph.tensors[p].shape, "value": 0.0})[0]
+    return out
+
+
+def _total(ctx: _Ctx, parts: list[str] | None) -> str | None:
+    """The sum of a tensor's gradient contributions (a chain of adds, in the order they came)."""
+    if not parts:
+        return None
+    total = parts[0]
+    for p in parts[1:]:
+        total = ctx.emit("add", [total, p])[0]
+    parts[:] = [total]
+    return total
+
+
+def add_backward(graph: Graph, micro_batches: int = 1) -> None:
+    """Extend a forward graph in place: gradients named ``<param>.grad``, and the step's loss.
+
+    Only the final gradient of each parameter has role ``grad`` (what ZeRO shards); the
+    backward's intermediate tensors are activations like any other.
+
+    With ``micro_batches`` M > 1, forward and backward run M times per step on M slices of the
+    batch; each gradient goes through ``acc`` (sum over micro-batches, seeded with 1/M so the sum
+    is the gradient of the mean loss), and so does the loss (scaled by 1/M).
+    """
+    if graph.loss is None:
+        raise GraphError("the graph has no loss; build it with a loss (from_torch(..., loss_fn=...))")
+    if micro_batches < 1:
+        raise GraphError(f"micro_batches must be >= 1, got {micro_batches}")
+    graph.micro_batches = micro_batches
+    grads = differentiate(graph, graph.loss, seed=1.0 / micro_batches)
+    claimed: set[str] = set()
+    for p, g in grads.items():
+        module = graph.tensors[p].module
+        if g in claimed or graph.tensors[g].consumers:
+            # the gradient is also another tensor's gradient (x + bias): give the parameter its own
+            # copy, so its layout (ZeRO shards it) does not change the other tensor's
+            g = graph.add_op("scale", [g], {"factor": 1.0}, phase="backward", module=module).outputs[0]
+        claimed.add(g)
+        if micro_batches > 1:
+            name = graph.fresh_name(f"{p}.grad_mb")
+            graph.rename_tensor(g, name)
+            node = graph.add_op("acc", [name], {"scale": 1.0}, phase="backward", out_names=[f"{p}.grad"],
+                                module=module, role="grad")
+            graph.grads[p] = node.outputs[0]
+        else:
+            graph.rename_tensor(g, f"{p}.grad")
+            graph.grads[p] = f"{p}.grad"
+        graph.tensors[graph.grads[p]].role = "grad"
+    if micro_batches > 1:
+        node = graph.add_op("acc", [graph.loss], {"scale": 1.0 / micro_batches}, phase="backward",
+                            out_names=["loss.mean"])
+        graph.loss_value = node.outputs[0]
+    else:
+        graph.loss_value = graph.loss

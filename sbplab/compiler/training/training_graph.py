@@ -1,0 +1,69 @@
+"""The training graph of one step: trace one micro-batch, add backward, add the optimizer update.
+
+``compile`` and the strategy editor both build it this way; the editor keeps the result across
+strategy edits (it does not depend on the SBP choices), so both call these functions and the
+rules (batch must divide into micro-batches; the graph is traced on the first micro-batch) live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..frontend.from_torch import from_torch
+from ..ir import Graph, GraphError
+from .autodiff import add_backward
+from .optim import SGD
+
+
+def as_tensor_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    """A module's example inputs as a tuple (one tensor is a tuple of one)."""
+    return (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+
+
+def first_micro_batch(tensors: Sequence[torch.Tensor], micro_batches: int) -> tuple[torch.Tensor, ...]:
+    """The first 1/M of every tensor along dim 0 (the batch dim): what one micro-batch looks like.
+
+    Every batch size must divide by M, so all micro-batches have the shape the graph is traced with.
+    """
+    m = micro_batches
+    if m < 1:
+        raise GraphError(f"micro_batches must be >= 1, got {m}")
+    if m == 1:
+        return tuple(tensors)
+    for t in tensors:
+        if t.dim() == 0:
+            raise GraphError(f"a scalar example tensor has no batch dim to cut into {m} micro-batches")
+        if t.shape[0] % m:
+            raise GraphError(f"batch size {t.shape[0]} does not divide into {m} micro-batches "
+                             f"(a tensor of shape {tuple(t.shape)})")
+    return tuple(t[: t.shape[0] // m] for t in tensors)
+
+
+def training_graph(forward: Graph, micro_batches: int = 1, optimizer: Any = None) -> Graph:
+    """A copy of ``forward`` (traced on one micro-batch, ending in a loss) with backward, gradient
+    accumulation over ``micro_batches`` and ``optimizer``'s update (SGD by default) added."""
+    g = forward.copy()
+    add_backward(g, micro_batches)
+    (optimizer or SGD()).build(g)
+    return g
+
+
+def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
+                         target: torch.Tensor | None, micro_batches: int = 1, optimizer: Any = None,
+                         *, full_batch_graph: Graph | None = None) -> Graph:
+    """Trace ``module`` on the first micro-batch of ``example_inputs``/``target`` (one full batch)
+    and build its training graph.
+
+    full_batch_graph: the module already traced on the whole batch, reused when there is one
+        micro-batch (tracing again would give the same graph).
+    """
+    xs = as_tensor_tuple(example_inputs)
+    tensors = first_micro_batch([*xs, *([target] if target is not None else [])], micro_batches)
+    if full_batch_graph is not None and micro_batches == 1:
+        forward = full_batch_graph
+    else:
+        forward = from_torch(module, tensors[: len(xs)], loss_fn, tensors[len(xs)] if target is not None else None)
+    return training_graph(forward, micro_batches, optimizer)

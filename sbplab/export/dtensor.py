@@ -1,0 +1,230 @@
+"""Export a compiled step to PyTorch DTensor: the mesh, each parameter's placements, a plan.
+
+    import sbplab.export
+    exp = sbplab.export.to_dtensor(step)        # step = sl.compile(..., strategy=sl.presets.tensor_parallel(2))
+    exp.placements["blocks.0.fc1.weight"]      # (Shard(0),)
+    exp.plan                                   # {"blocks.0.fc1": "ColwiseParallel()", ...}
+    print(exp.code())                          # the torch a user would write
+    model = exp.apply(model, device_mesh)      # inside torch.distributed, on every rank
+
+How a strategy maps (``mode``):
+- ``parallelize_module``: Megatron on a 1-D mesh; column layers ``ColwiseParallel``, row layers
+  ``RowwiseParallel``, everything else plain and replicated (inputs are whole on every rank).
+- ``distribute``: every parameter becomes a DTensor with exactly sbplab's placements, and the batch
+  too (``shard_batch``); DTensor's propagation then runs the same collectives. Data parallel and
+  DP x TP on a 2-D mesh take this road (``plan`` still lists the ParallelStyle of each TP layer).
+- ``fully_shard``: ZeRO on a 1-D mesh is FSDP2; stage 3 reshards after forward, stage 2 does not.
+What DTensor cannot say is listed in ``unsupported``: pipeline stages (``torch.distributed.pipelining``
+with the stage cuts given), signature hints, gradient accumulation, uneven splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sbp import Split
+from .placements import DTensorPlacement, placements_of
+
+MODES = ("parallelize_module", "distribute", "fully_shard", "pipeline")
+
+
+@dataclass
+class DTensorExport:
+    """A strategy in DTensor's terms; see the module docstring for what each field means."""
+
+    mesh_shape: tuple[int, ...]
+    mesh_dim_names: tuple[str, ...]
+    device_type: str
+    placements: dict[str, tuple[DTensorPlacement, ...]]  # parameter -> one placement per mesh axis
+    input_placements: dict[str, tuple[DTensorPlacement, ...]]  # graph input (batch, target) -> placements
+    plan: dict[str, str]  # module path -> ParallelStyle, for parallelize_module on the tp axis
+    mode: str
+    unsupported: list[str] = field(default_factory=list)  # what DTensor cannot express, and what to use
+    tp_dim: str | None = None  # mesh dim name of the tensor-parallel axis
+    reshard_after_forward: bool = True  # fully_shard only: ZeRO-3 (True) or ZeRO-2 (False)
+    strategy: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"DTensorExport.mode must be one of {MODES}, got {self.mode!r}")
+        if len(self.mesh_dim_names) != len(self.mesh_shape):
+            raise ValueError(f"mesh_dim_names {self.mesh_dim_names} must name each of {len(self.mesh_shape)} axes")
+
+    def apply(self, module: Any, device_mesh: Any) -> Any:
+        """Parallelise ``module`` in place on ``device_mesh`` (call on every rank); returns it."""
+        from .dtensor_apply import apply
+
+        return apply(self, module, device_mesh)
+
+    def shard_batch(self, batch: dict[str, Any], device_mesh: Any) -> dict[str, Any]:
+        """The full batch (same on every rank) as this rank should feed it: DTensors for ``distribute``,
+        this rank's slice for ``fully_shard``, unchanged for ``parallelize_module``."""
+        from .dtensor_apply import shard_batch
+
+        return shard_batch(self, batch, device_mesh)
+
+    def code(self) -> str:
+        """The Python a user would write for this strategy with torch.distributed."""
+        from .dtensor_code import code
+
+        return code(self)
+
+    def summary(self) -> str:
+        lines = [f"{self.strategy}: DTensor mode {self.mode}, mesh {self.mesh_shape} {self.mesh_dim_names} "
+                 f"({self.device_type})"]
+        lines += [f"  {m}: {s}" for m, s in self.plan.items()]
+        lines += [f"  cannot express: {u}" for u in self.unsupported]
+        return "\n".join(lines)
+
+
+def to_dtensor(step: Any, model: Any = None, example_inputs: Any = None, loss_fn: Callable | None = None,
+               target: Any = None) -> DTensorExport:
+    """The DTensor equivalent of a compiled step (``sl.compile``), or of a strategy plus ``model``
+    (traced on ``example_inputs`` or ``model.example_batch()``)."""
+    from ..compiler.api import Compiled
+    from ..compiler.deduction.strategy import Strategy
+
+    if isinstance(step, Strategy):
+        step = _compile(step, model, example_inputs, loss_fn, target)
+    if not isinstance(step, Compiled):
+        raise TypeError(f"to_dtensor takes a compiled step (sl.compile) or a Strategy with a model, "
+                        f"got {type(step).__name__}")
+    return _export(step)
+
+
+def _compile(strategy: Any, model: Any, example_inputs: Any, loss_fn: Callable | None, target: Any) -> Any:
+    from ..compiler.api import compile
+
+    if model is None:
+        raise TypeError("to_dtensor(strategy) needs model=, the torch module the strategy is for")
+    if example_inputs is None:
+        if not hasattr(model, "example_batch"):
+            raise TypeError(f"to_dtensor: {type(model).__name__} has no example_batch(); pass example_inputs=")
+        example_inputs, target = model.example_batch(2 * strategy.micro_batches)
+    return compile(model, example_inputs, loss_fn or getattr(model, "loss_fn", None), target, strategy=strategy)
+
+
+def _export(step: Any) -> DTensorExport:
+    g, d, st = step.graph, step.deduction, step.strategy
+    mesh = st.stages[0] if st.stages else st.placement
+    ndim = mesh.ndim
+    inputs = {n: d.sbp[n] for n in g.inputs}
+    data_axes = {a for nd in inputs.values() for a, x in enumerate(nd) if isinstance(x, Split)}
+    params = {p: d.sbp[p] for p in g.params}
+    tp_axes = {a for nd in params.values() for a, x in enumerate(nd) if isinstance(x, Split) and a not in data_axes}
+    zero_axes = {a for p, nd in params.items() for a, x in enumerate(nd) if isinstance(x, Split) and a in data_axes}
+    grads_split = any(isinstance(x, Split) and a in data_axes  # ZeRO: gradients reduce-scattered over data
+                      for p in g.params if p in g.grads for a, x in enumerate(d.sbp[g.grads[p]]))
+    zero = bool(zero_axes) or grads_split
+    names = _dim_names(mesh, data_axes, tp_axes)
+    tp = min(tp_axes) if tp_axes else None
+    plan = _plan(g, params, tp) if tp is not None else {}
+    unsupported = _unsupported(step, mesh, plan, tp)
+    if st.stages:
+        mode = "pipeline"
+    elif zero and ndim == 1:
+        mode = "fully_shard"
+    elif ndim == 1 and tp is not None and not data_axes and _covered(g, params, plan, tp):
+        mode = "parallelize_module"
+    else:
+        mode = "distribute"
+    if mode == "parallelize_module":
+        unsupported += _local_reshapes(g, d, tp)
+    if zero and tp is not None:
+        unsupported.append("ZeRO together with tensor parallelism: DTensor writes it as parallelize_module on the "
+                           "tp submesh, then fully_shard on the dp submesh (torchtitan's FSDP + TP); exported here "
+                           "as plain placements, which keeps the sharded storage but not FSDP's prefetching")
+    elif zero and ndim > 1:
+        unsupported.append("ZeRO on an n-D mesh: use fully_shard(model, mesh=device_mesh) (HSDP) by hand")
+    return DTensorExport(
+        mesh_shape=mesh.shape, mesh_dim_names=names, device_type=mesh.device_type,
+        placements={p: placements_of(nd) for p, nd in params.items()},
+        input_placements={n: placements_of(nd) for n, nd in inputs.items()},
+        plan=plan, mode=mode, unsupported=unsupported, tp_dim=names[tp] if tp is not None else None,
+        reshard_after_forward=bool(zero_axes), strategy=st.name)
+
+
+def _dim_names(mesh: Any, data_axes: set[int], tp_axes: set[int]) -> tuple[str, ...]:
+    if mesh.axis_names:
+        return tuple(mesh.axis_names)
+    out: list[str] = []
+    for a in range(mesh.ndim):
+        name = "tp" if a in tp_axes else "dp" if a in data_axes else f"axis{a}"
+        out.append(name if name not in out else f"{name}{a}")
+    return tuple(out)
+
+
+def _weight_users(g: Any) -> dict[str, tuple[str, str]]:
+    """Weight tensor -> (module path, op type) of the forward op reading it as input 1."""
+    out: dict[str, tuple[str, str]] = {}
+    for op in g.ops_in("forward"):
+        if len(op.inputs) > 1 and op.inputs[1] in g.params and op.inputs[1].endswith(".weight"):
+            out.setdefault(op.inputs[1], (op.inputs[1][: -len(".weight")], op.type))
+    return out
+
+
+def _plan(g: Any, params: dict[str, tuple], tp: int) -> dict[str, str]:
+    """ParallelStyles: a Linear split by output features is Colwise, by input features Rowwise; an
+    Embedding split by vocabulary is Rowwise, by embedding dim Colwise (DTensor's own conventions)."""
+    plan: dict[str, str] = {}
+    for w, (module, kind) in _weight_users(g).items():
+        x = params[w][tp]
+        if not isinstance(x, Split):
+            continue
+        if kind == "linear":
+            plan[module] = "ColwiseParallel()" if x.dim == 0 else "RowwiseParallel()"
+        elif kind == "embedding":
+            plan[module] = "RowwiseParallel()" if x.dim == 0 else "ColwiseParallel()"
+    return plan
+
+
+def _covered(g: Any, params: dict[str, tuple], plan: dict[str, str], tp: int) -> bool:
+    """Every split parameter belongs to a planned module (so parallelize_module says it all)."""
+    for p, nd in params.items():
+        if isinstance(nd[tp], Split) and p.rsplit(".", 1)[0] not in plan:
+            return False
+    return True
+
+
+def _unsupported(step: Any, mesh: Any, plan: dict[str, str], tp: int | None) -> list[str]:
+    g, d, st = step.graph, step.deduction, step.strategy
+    out: list[str] = []
+    if st.stages:
+        cuts = []
+        for s in range(1, len(st.stages)):
+            first = next((op for op in g.ops_in("forward") if op.stage == s), None)
+            if first is not None:
+                cuts.append(f"{first.module or first.name!r}: SplitPoint.BEGINNING")
+        out.append(f"pipeline of {len(st.stages)} stages x {st.micro_batches} micro-batches: DTensor has no "
+                   f"stages; use torch.distributed.pipelining.pipeline(model, mb_args, split_spec={{"
+                   f"{', '.join(cuts)}}}) with ScheduleGPipe(n_microbatches={st.micro_batches})")
+    elif st.micro_batches > 1:
+        out.append(f"{st.micro_batches} micro-batches: DTensor has no micro-batching; accumulate gradients "
+                   f"over {st.micro_batches} forward/backward passes before optimizer.step()")
+    for h in st.signatures:
+        out.append(f"{h.describe()} ({h.text!r}): DTensor chooses each op's sharding itself; there is no "
+                   f"per-op signature to force (redistribute that op's inputs by hand)")
+    for w, (module, kind) in _weight_users(g).items():
+        if tp is not None and isinstance(d.sbp[w][tp], Split) and kind not in ("linear", "embedding"):
+            out.append(f"{module} ({kind}) weight split {d.sbp[w]}: no ParallelStyle for {kind}; exported as "
+                       f"a DTensor placement only")
+    for name in list(g.params) + list(g.inputs):
+        for a, x in enumerate(d.sbp[name]):
+            n = g.tensors[name].shape[x.dim] if isinstance(x, Split) else 0
+            if isinstance(x, Split) and n % mesh.shape[a]:
+                out.append(f"{name}: {n} elements split over {mesh.shape[a]} ranks unevenly; DTensor's Shard "
+                           f"chunks like torch.chunk, sbplab balances (local shapes may differ)")
+    return out
+
+
+def _local_reshapes(g: Any, d: Any, tp: int) -> list[str]:
+    """Reshapes of tensor-parallel activations: under parallelize_module the forward sees local shards."""
+    out = []
+    for op in g.ops_in("forward"):
+        if op.type == "reshape" and isinstance(d.sbp[op.inputs[0]][tp], Split):
+            out.append(f"reshape {op.name!r} in {op.module or 'the model'} reads a tensor-parallel shard: with "
+                       f"parallelize_module the forward sees local tensors, so its target shape {op.attrs.get('shape')} "
+                       f"must use local sizes (heads // tp) or -1, as torchtitan's models do")
+    return out

@@ -1,0 +1,76 @@
+"""The Python a user would write for an exported strategy: it does what ``DTensorExport.apply`` and
+``shard_batch`` do, spelled out with torch.distributed, so it can be pasted into a training script.
+
+The text expects ``model`` (the torch module) and the batch tensors under the graph's input names
+(``x``, ``target``) to exist, full and the same on every rank, inside an initialised process group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .placements import text
+
+if TYPE_CHECKING:
+    from .dtensor import DTensorExport
+
+
+def _mesh_lines(exp: DTensorExport) -> list[str]:
+    return ["from torch.distributed.device_mesh import init_device_mesh",
+            "",
+            f"mesh = init_device_mesh({exp.device_type!r}, {tuple(exp.mesh_shape)}, "
+            f"mesh_dim_names={tuple(exp.mesh_dim_names)})"]
+
+
+def _batch_lines(exp: DTensorExport, local: bool) -> list[str]:
+    out = []
+    for name, pl in exp.input_placements.items():
+        out.append(f"{name} = distribute_tensor({name}, mesh, {text(pl)})" + (".to_local()" if local else ""))
+    return out
+
+
+def code(exp: DTensorExport) -> str:
+    head = [f"# {exp.strategy}: DTensor mode {exp.mode}"]
+    head += [f"# not expressible in DTensor: {u}" for u in exp.unsupported]
+    if exp.mode == "pipeline":
+        return "\n".join(head + ["raise NotImplementedError('pipeline: see torch.distributed.pipelining above')"])
+    if exp.mode == "parallelize_module":
+        styles = sorted({s.split("(")[0] for s in exp.plan.values()})
+        body = ["from torch.distributed.tensor.parallel import " + ", ".join(styles + ["parallelize_module"]),
+                *_mesh_lines(exp),
+                "plan = {"]
+        body += [f"    {m!r}: {s}," for m, s in exp.plan.items()]
+        body += ["}", "model = parallelize_module(model, mesh, plan)",
+                 "# every rank feeds the whole batch; layers not in the plan stay replicated"]
+        return "\n".join(head + body)
+    if exp.mode == "fully_shard":
+        body = ["from torch.distributed.fsdp import fully_shard",
+                "from torch.distributed.tensor import Replicate, Shard, distribute_tensor",
+                *_mesh_lines(exp),
+                f"model = fully_shard(model, mesh=mesh, reshard_after_forward={exp.reshard_after_forward})",
+                "# each rank feeds its own slice of the batch",
+                *_batch_lines(exp, local=True)]
+        return "\n".join(head + body)
+    kinds = sorted({type_name for pls in (*exp.placements.values(), *exp.input_placements.values())
+                    for type_name in (repr(x).split("(")[0] for x in pls)})
+    body = ["import torch",
+            "from torch.distributed.tensor import " + ", ".join(kinds + ["distribute_module", "distribute_tensor"]),
+            *_mesh_lines(exp),
+            "placements = {"]
+    body += [f"    {p!r}: {text(pl)}," for p, pl in exp.placements.items()]
+    body += ["}",
+             "",
+             "",
+             "def partition(prefix, module, mesh):",
+             "    for name, p in list(module.named_parameters(recurse=False)):",
+             "        full = f'{prefix}.{name}' if prefix else name",
+             "        module.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh, "
+             "placements[full])))",
+             "",
+             "",
+             "model = distribute_module(model, mesh, partition)",
+             "# the batch as DTensors; the loss comes out a DTensor (loss.full_tensor() to read it)",
+             *_batch_lines(exp, local=False)]
+    if exp.plan:
+        body.append(f"# the same tensor parallelism as ParallelStyles on mesh[{exp.tp_dim!r}]: {exp.plan}")
+    return "\n".join(head + body)

@@ -1,0 +1,210 @@
+"""The one analytic cost model every search method shares.
+
+Per forward op and n-D signature: compute time of the op on its local shapes (``hw.op_time``: a
+measured figure where the Hardware was calibrated, else a roofline) plus its backward ops, which run
+on the mirrored layout and so do the same fraction of their global work. Per edge between two forward
+ops: the boxing the consumer's signature needs (forward) and the boxing the gradient needs on its way
+back (backward), both priced by the boxing planner (exact bytes, alpha-beta time) and cached. Per
+parameter: the gradient synchronisation its read layout implies (a ``B`` read under a split op gives a
+``P`` gradient: an all-reduce, or a reduce-scatter under ZeRO), ZeRO's gathers, the update's memory
+traffic and the bytes of parameter, gradient and optimizer state per device.
+
+Backward layouts follow from the forward ones, per mesh axis: the gradient of an input read ``S(d)`` is
+``S(d)``; of an input read ``P`` it is ``B``; of an input read ``B`` it is ``B`` when the whole op is
+replicated on that axis and ``P`` when the op is split there (each rank saw only its part). The
+gradient arriving at an output must match it: ``S(d)`` for ``S(d)``, ``B`` for ``B`` or ``P``.
+That is what deduction then finds for the backward ops, up to its greedy choices.
+
+Step time of a candidate: the sum of all of it (ops run one after another on every rank); a pipeline
+takes the slowest stage per micro-batch times (M + S - 1), the bubble, plus the slowest stage's
+once-per-step work (see ``pipeline.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..boxing import plan_boxing
+from ..compiler.deduction.caches import freeze
+from ..compiler.deduction.deduce import is_local_change
+from ..compiler.ir import Graph, OpNode
+from ..hardware import Hardware, op_key
+from ..layout import LayoutError, check_layout, local_shape
+from ..ops.registry import NdSignature, TensorMeta, get_op, local_context
+from ..placement import Placement
+from ..sbp import B, Broadcast, NdSbp, Partial, S, Split
+
+ZERO_LEVELS = (0, 2, 3)  # 0: replicated state; 2: gradients and optimizer state sharded; 3: parameters too
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """How one parameter is kept under a signature and ZeRO level."""
+
+    read: NdSbp  # as the forward op reads it
+    stored: NdSbp  # as it is kept between steps (ZeRO-3 shards it)
+    grad: NdSbp  # what its gradient is reduced to (ZeRO-2/3: sharded)
+    state: NdSbp  # optimizer state
+
+
+def dual(sig: NdSignature, k: int) -> NdSbp:
+    """The SBP of the gradient of input ``k`` under ``sig`` (see the module docstring)."""
+    out = []
+    for a, x in enumerate(sig.inputs[k]):
+        if isinstance(x, Split):
+            out.append(x)
+        elif isinstance(x, Partial):
+            out.append(B)
+        else:
+            split_here = any(not isinstance(t[a], Broadcast) for t in (*sig.inputs, *sig.outputs))
+            out.append(Partial() if split_here else B)
+    return tuple(out)
+
+
+def mirror(sbp: NdSbp) -> NdSbp:
+    """The SBP the gradient of an output of layout ``sbp`` must arrive in."""
+    return tuple(B if isinstance(x, Partial) else x for x in sbp)
+
+
+class Pricer:
+    """Prices ops, edges and parameters on one mesh; every price in seconds or bytes per device."""
+
+    def __init__(self, graph: Graph, placement: Placement, hw: Hardware) -> None:
+        self.graph, self.placement, self.hw = graph, placement, hw
+        self.rank = placement.rank_list[0]
+        self.backward_of: dict[str, list[OpNode]] = {}
+        for op in graph.ops:
+            if op.phase == "backward" and op.forward_op is not None:
+                self.backward_of.setdefault(op.forward_op, []).append(op)
+        self._box = lru_cache(maxsize=None)(self._box_uncached)
+        self._edges: dict[tuple, np.ndarray] = {}
+        self._compute: dict[tuple, float] = {}
+        self.local_bytes = lru_cache(maxsize=None)(self._local_bytes)  # type: ignore[method-assign]
+        self.param_costs = lru_cache(maxsize=None)(self._param_costs)  # type: ignore[method-assign]
+
+    # --- layouts -------------------------------------------------------------------------------
+    def _local_bytes(self, meta: TensorMeta, sbp: NdSbp) -> int:
+        return _numel(local_shape(meta.shape, self.placement, sbp, self.rank)) * meta.dtype.itemsize
+
+    def fits(self, meta: TensorMeta, sbp: NdSbp) -> bool:
+        """Every rank gets a non-empty shard (a 2-row tensor does not split 8 ways)."""
+        try:
+            check_layout(meta.shape, self.placement, sbp)
+        except LayoutError:
+            return False
+        return True
+
+    def param_layout(self, meta: TensorMeta, read: NdSbp, zero: int) -> ParamLayout:
+        """ZeRO shards dim 0 on the first mesh axis where the read layout is ``B`` (a data-parallel
+        axis); a tensor too small to split there stays as read (the zero preset's ``only_if_fits``)."""
+        if zero == 0 or not meta.shape:
+            return ParamLayout(read, read, read, read)
+        for a, x in enumerate(read):
+            if isinstance(x, Broadcast):
+                shard = read[:a] + (S(0),) + read[a + 1:]
+                if self.fits(meta, shard):
+                    return ParamLayout(read, shard if zero >= 3 else read, shard, shard)
+        return ParamLayout(read, read, read, read)
+
+    # --- time ----------------------------------------------------------------------------------
+    def box_time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
+        """Seconds of the boxing plan that turns ``src`` into ``dst`` on this mesh (cached)."""
+        if src == dst or is_local_change(src, dst):
+            return 0.0
+        return self._box(meta, src, dst)
+
+    def _box_uncached(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
+        return plan_boxing(meta.shape, src, dst, self.placement, None, dtype=meta.dtype, hardware=self.hw).time_s
+
+    def p2p_time(self, meta: TensorMeta, sbp: NdSbp) -> float:
+        """One stage-to-stage move of a tensor laid out ``sbp`` (each rank sends its block)."""
+        return self.hw.p2p_time(1, self.local_bytes(meta, sbp))
+
+    def _roofline(self, flops: float, nbytes: float, dtype) -> float:
+        return max(flops / self.hw.flops_for(dtype), nbytes / self.hw.mem_bandwidth)
+
+    def compute_time(self, op: OpNode, sig: NdSignature) -> float:
+        """Forward op on its local shapes, plus its backward ops at the same fraction of their work
+        (cached per op structure: identical layers are priced once)."""
+        g = self.graph
+        key = (op.type, tuple(g.tensors[i].meta for i in op.inputs), freeze(op.attrs), sig,
+               tuple((b.type, tuple(g.tensors[i].meta for i in b.inputs)) for b in self.backward_of.get(op.name, ())))
+        t = self._compute.get(key)
+        if t is None:
+            t = self._compute[key] = self._compute_time(op, sig)
+        return t
+
+    def _compute_time(self, op: OpNode, sig: NdSignature) -> float:
+        g = self.graph
+        d = get_op(op.type)
+        ins = [g.tensors[i].meta for i in op.inputs]
+        outs = [g.tensors[o].meta for o in op.outputs]
+        dtype = outs[0].dtype if outs else ins[0].dtype
+        glob_flops = float(d.flops(ins, outs, op.attrs))
+        glob_bytes = float(d.bytes_moved(ins, outs))
+        ctx = local_context(d, ins, op.attrs, sig, self.placement, self.rank)
+        if ctx is None:
+            return float("inf")
+        lin = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, ins)]
+        lout = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.out_blocks, outs)]
+        try:
+            flops = float(d.flops(lin, lout, d.localize(dict(op.attrs), ctx)))
+        except Exception:  # a FLOP formula that cannot take local attrs: scale the global one
+            flops = glob_flops * (sum(m.numel for m in lout) / max(1, sum(m.numel for m in outs)))
+        nbytes = float(d.bytes_moved(lin, lout))
+        key = op_key(op.type, [m.shape for m in lin], dtype, self.placement.device_type)
+        fwd = self.hw.op_time(key, flops, nbytes, dtype)[0]
+        frac = flops / glob_flops if glob_flops > 0 else nbytes / max(1.0, glob_bytes)
+        bwd = 0.0
+        for b in self.backward_of.get(op.name, ()):
+            bd = get_op(b.type)
+            bi = [g.tensors[i].meta for i in b.inputs]
+            bo = [g.tensors[o].meta for o in b.outputs]
+            try:
+                bf = float(bd.flops(bi, bo, b.attrs))
+            except Exception:
+                bf = 0.0
+            bwd += self._roofline(bf * frac, bd.bytes_moved(bi, bo) * frac, dtype)
+        return fwd + bwd
+
+    def edge_time(self, meta: TensorMeta, out_sbp: NdSbp, in_sbp: NdSbp, grad_sbp: NdSbp | None) -> float:
+        """Forward boxing to the consumer, and (when the tensor has a gradient) the gradient's boxing
+        back to the layout the producer's backward needs."""
+        t = self.box_time(meta, out_sbp, in_sbp)
+        if grad_sbp is not None:
+            t += self.box_time(meta, grad_sbp, mirror(out_sbp))
+        return t
+
+    def edge_matrix(self, meta: TensorMeta, outs: tuple[NdSbp, ...],
+                    ins: tuple[tuple[NdSbp, NdSbp | None], ...]) -> np.ndarray:
+        """``edge_time`` for every (producer layout, (consumer layout, gradient layout)) pair; identical
+        layers ask identical questions, so whole matrices are cached."""
+        key = (meta, outs, ins)
+        m = self._edges.get(key)
+        if m is None:
+            m = self._edges[key] = np.array([[self.edge_time(meta, o, i, g) for i, g in ins] for o in outs])
+        return m
+
+    def _param_costs(self, meta: TensorMeta, sig: NdSignature, k: int, zero: int,
+                    n_states: int) -> tuple[float, float, int]:
+        """(seconds per micro-batch: ZeRO-3 gathers; seconds per step: gradient sync, write-back and
+        update; bytes per device: parameter, gradient and optimizer state) of input ``k``, a parameter."""
+        lay = self.param_layout(meta, sig.inputs[k], zero)
+        gather = 2 * self.box_time(meta, lay.stored, lay.read)  # forward and backward each gather (ZeRO-3)
+        sync = self.box_time(meta, dual(sig, k), lay.grad)
+        if lay.grad != lay.stored:  # ZeRO-2: the update runs on shards, the new parameter is gathered back
+            sync += self.box_time(meta, lay.grad, lay.stored)
+        upd = self.local_bytes(meta, lay.grad)
+        sync += (2 + 2 * n_states) * upd / self.hw.mem_bandwidth  # read param, grad, states; write them back
+        mem = self.local_bytes(meta, lay.stored) + upd + n_states * self.local_bytes(meta, lay.state)
+        return gather, sync, mem

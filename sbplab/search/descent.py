@@ -1,0 +1,48 @@
+"""``"cd"``: AutoDDL's coordinate descent. Sweep the groups; give each the choice that lowers the
+step time most with every other choice fixed; repeat while a sweep still helps. Restarted from each
+given start (the presets' own choices, the all-replicated one), the best end point wins."""
+
+from __future__ import annotations
+
+from .clock import Clock
+from .local_moves import LocalView
+from .shrink import Reduced
+
+
+def descend(r: Reduced, start: list[int], memory_limit: float | None, clock: Clock,
+            max_sweeps: int = 50) -> list[int]:
+    view = LocalView(r, memory_limit)
+    x = list(start)
+    mem = r.mem(x)
+    for _ in range(max_sweeps):
+        improved = False
+        for g in range(len(r.cost)):
+            if clock.expired():
+                return x
+            opts = view.options(x, g)
+            cur = x[g]
+            mems = mem - r.memory[g][cur] + r.memory[g]
+            ex = [view.excess(int(m)) for m in mems]
+            best = min(range(len(opts)), key=lambda c: (ex[c], opts[c]))
+            if (ex[best], opts[best]) < (ex[cur], opts[cur] - 1e-15):
+                x[g] = best
+                mem = int(mems[best])
+                improved = True
+        if not improved:
+            break
+    return x
+
+
+def coordinate_descent(r: Reduced, starts: list[list[int]], memory_limit: float | None, clock: Clock,
+                       label: str = "cd") -> list[int]:
+    view = LocalView(r, memory_limit)
+    best, best_score = None, None
+    for s in starts:
+        x = descend(r, s, memory_limit, clock)
+        sc = view.score(x)
+        clock.record(label, sc[1] if sc[0] == 0 else float("inf"))
+        if best_score is None or sc < best_score:
+            best, best_score = x, sc
+        if clock.expired():
+            break
+    return best if best is not None else list(starts[0])

@@ -1,0 +1,67 @@
+"""Re-ranking the cheapest candidates by the execution simulator.
+
+The analytic model adds costs up; ``sl.simulate`` runs the compiled step's actor plan (overlap of
+communication with compute, pipeline schedules, registers), so it is the better judge among the few
+best. Each is compiled with ``sl.compile`` exactly as a user would, simulated on its mesh's view of the
+hardware, and the fastest within the memory limit wins. Without the simulator (or with
+``rerank_top=0``) the analytic cheapest wins and the prediction says it is analytic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..hardware import Hardware
+from .candidate import Candidate
+from .result import Predicted
+
+
+def _simulator() -> Callable | None:
+    try:
+        from ..sim import simulate
+    except ImportError:
+        return None
+    return simulate
+
+
+def simulate_candidate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
+                       target: torch.Tensor | None, optimizer: Any, hw: Hardware) -> tuple[float, int]:
+    """(step time, peak bytes on the fullest rank) of ``c`` compiled and simulated."""
+    from ..compiler.api import compile as compile_step
+
+    sim = _simulator()
+    if sim is None:
+        raise ImportError("sbplab.sim is not available")
+    view = c.mesh.hardware(hw)
+    step = compile_step(model, xs, loss_fn=loss_fn, target=target, optimizer=optimizer, strategy=c.strategy,
+                        hardware=view)
+    pred = sim(step, view)
+    return float(pred.step_time), int(max(pred.peak_memory.values(), default=0))
+
+
+def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
+           target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
+           notes: list[str]) -> tuple[Candidate, Predicted]:
+    """The winner among ``ranked`` (cheapest first) and its prediction."""
+    first = ranked[0]
+    analytic = Predicted(first.step_time, first.memory, "analytic", first.step_time, first.memory)
+    if top <= 0 or _simulator() is None:
+        if top > 0:
+            notes.append("sl.simulate is not available: ranked by the analytic cost model only")
+        return first, analytic
+    simulated = []
+    for c in ranked[:top]:
+        try:
+            c.simulated_time, c.simulated_memory = simulate_candidate(c, model, xs, loss_fn, target, optimizer, hw)
+        except Exception as e:  # a candidate the compiler or simulator rejects is reported, not fatal
+            notes.append(f"{c.describe()} could not be simulated: {type(e).__name__}: {str(e).splitlines()[0]}")
+            continue
+        if memory_limit is None or c.simulated_memory <= memory_limit:
+            simulated.append(c)
+    if not simulated:
+        return first, analytic
+    best = min(simulated, key=lambda c: c.simulated_time)
+    return best, Predicted(best.simulated_time, best.simulated_memory, "simulator", best.step_time, best.memory)

@@ -1,0 +1,210 @@
+"""``sl.search``: find a parallel strategy for a model on ``devices`` ranks of a ``Hardware``.
+
+    res = sl.search(model, (x,), loss_fn=model.loss_fn, target=y, devices=8,
+                    hardware=sl.Hardware.h100_node(), method="auto")
+    print(res.table()); print(res.explain())
+    step = sl.compile(model, (x,), loss_fn=model.loss_fn, target=y, strategy=res.strategy)
+
+The space: every 1-D and 2-D mesh of ``devices`` (with each valid mapping of mesh axes to the
+hardware's links), a signature per forward op, ZeRO level 0, 2 or 3, and pipelines of S stages with a
+contiguous cut of the layers and M micro-batches. Every candidate is priced by one analytic model
+(``cost.py``); the few best are compiled and re-ranked by ``sl.simulate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..compiler.frontend.from_torch import from_torch
+from ..compiler.ir import Graph, GraphError
+from ..compiler.training.autodiff import add_backward
+from ..compiler.training.optim import SGD
+from ..hardware import Hardware
+from .candidate import Candidate
+from .clock import Clock
+from .cost import ZERO_LEVELS
+from .mesh import MeshChoice, check_devices, mesh_choices
+from .pipeline import best_cut, blocks_of, price_stages
+from .presets_eval import PresetChoice, applicable_presets, preset_choice
+from .problem import OpProblem, build_problem
+from .rerank import rerank
+from .result import SearchResult
+from .search_errors import SearchError
+from .solve import METHODS, solve_space
+
+
+class Space:
+    """The training graphs (one per micro-batch count) and priced problems, built on first use."""
+
+    def __init__(self, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None, target: torch.Tensor | None,
+                 optimizer: Any, hw: Hardware) -> None:
+        self.model, self.xs, self.loss_fn, self.target, self.optimizer, self.hw = model, xs, loss_fn, target, optimizer, hw
+        self.batch = int(xs[0].shape[0]) if xs and xs[0].dim() else 1
+        self._graphs: dict[int, Graph] = {}
+        self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
+
+    def graph(self, m: int) -> Graph:
+        if m not in self._graphs:
+            xs = tuple(t[: t.shape[0] // m] for t in self.xs)
+            tgt = self.target[: self.target.shape[0] // m] if self.target is not None else None
+            with torch.device("meta"):  # pricing needs shapes only: no logits of a big model are allocated
+                g = from_torch(self.model, xs, self.loss_fn, tgt)
+            add_backward(g, 1)
+            (self.optimizer or SGD()).build(g)
+            self._graphs[m] = g
+        return self._graphs[m]
+
+    def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
+        key = (mesh, m)
+        if key not in self._problems:
+            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m)
+        return self._problems[key]
+
+
+def _check_args(devices: object, hardware: object, memory_limit: object, method: str, time_budget: object) -> None:
+    check_devices(devices)
+    if hardware is not None and not isinstance(hardware, Hardware):
+        raise SearchError(f"sl.search: hardware must be an sl.Hardware (Hardware.h100_node(), .cpu_box(), a "
+                          f"calibrated one), got {type(hardware).__name__}")
+    if memory_limit is not None and (not isinstance(memory_limit, (int, float)) or memory_limit <= 0):
+        raise SearchError(f"sl.search: memory_limit must be a positive number of bytes per device or None, "
+                          f"got {memory_limit!r}")
+    if method not in METHODS:
+        raise SearchError(f"sl.search: method must be one of {', '.join(METHODS)}; got {method!r}")
+    if time_budget is not None and (not isinstance(time_budget, (int, float)) or time_budget <= 0):
+        raise SearchError(f"sl.search: time_budget must be a positive number of seconds or None, got {time_budget!r}")
+
+
+def _identity_mesh(shape: tuple[int, ...], hw: Hardware) -> MeshChoice:
+    """The mesh a preset's placement means: axis a on link a (row-major ranks, as ``as_mesh`` lays them)."""
+    last = len(hw.axis_bandwidth) - 1
+    return MeshChoice(shape, tuple(min(a, last) for a in range(len(shape))) if len(shape) > 1 else (0,))
+
+
+def _price_preset(space: Space, pc: PresetChoice) -> Candidate:
+    spec = pc.spec
+    mesh = _identity_mesh(pc.mesh_shape, space.hw)
+    pr = space.problem(mesh, spec.micro_batches)
+    assign = pr.assignment(pc.signatures)
+    if spec.n_stages > 1:
+        pc_cost = price_stages(pr, assign, spec.zero, [pc.stage_of_op[o.name] for o in pr.ops], spec.n_stages)
+        return Candidate(spec.name, "preset", mesh, spec.zero, spec.n_stages, spec.micro_batches, assign,
+                         pc_cost.step_time, pc_cost.memory, pr, pc_cost.stage_of_op, _strategy=pc.strategy)
+    return Candidate(spec.name, "preset", mesh, spec.zero, 1, 1, assign, pr.cost(assign, spec.zero),
+                     pr.memory(assign, spec.zero), pr, _strategy=pc.strategy)
+
+
+def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None, target: torch.Tensor | None = None,
+           optimizer: Any = None, devices: int = 8, hardware: Hardware | None = None,
+           memory_limit: float | None = None, method: str = "auto", time_budget: float | None = None,
+           seed: int = 0, *, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
+           node_size: int | None = None, max_mesh_ndim: int = 2, reduce: bool | None = None,
+           rerank_top: int = 3, simulate: bool = True) -> SearchResult:
+    """Search strategies for ``model`` (traced like ``sl.compile``) on ``devices`` ranks of ``hardware``.
+
+    memory_limit: bytes per device no strategy may exceed (analytic memory; the simulator's where
+        re-ranked); if none meets it, a SearchError says the least any strategy needs.
+    method: "exhaustive" (tiny graphs), "exact" (ILP), "cd" (coordinate descent), "mcmc", or "auto".
+    time_budget: seconds; when it runs out, the best found so far is returned with ``best_so_far`` set.
+    reduce: merge follower ops and tie repeated layers (``shrink.py``); default: above 40 forward ops.
+    rerank_top: how many of the cheapest candidates to compile and re-rank by ``sl.simulate``.
+    """
+    _check_args(devices, hardware, memory_limit, method, time_budget)
+    hw = hardware or Hardware.cpu_box()
+    xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    space = Space(model, xs, loss_fn, target, optimizer, hw)
+    try:
+        base = space.graph(1)
+    except GraphError as e:  # unsupported ops, bad shapes: before any search work
+        raise SearchError(f"sl.search: the model cannot be compiled, so there is nothing to search:\n{e}") from e
+    if any(z not in ZERO_LEVELS for z in zero_levels):
+        raise SearchError(f"sl.search: zero_levels must be drawn from {ZERO_LEVELS}, got {zero_levels}")
+    clock = Clock(time_budget)
+    notes: list[str] = []
+    presets = _presets(space, int(devices), pipelines, clock, notes)
+    candidates: list[Candidate] = []
+    least: list[tuple[int, str]] = []
+    for mesh in mesh_choices(int(devices), hw, node_size, max_mesh_ndim):
+        if clock.expired() and candidates:
+            break
+        pr = space.problem(mesh)
+        for z in zero_levels:
+            least.append((pr.min_memory(z), f"{mesh.describe(hw)}, ZeRO-{z}"))
+            seeds = [p.assign for p in presets if p.mesh.shape == mesh.shape and p.n_stages == 1 and p.zero == z]
+            assign, ran = solve_space(pr, z, method, memory_limit, clock, seeds, seed, reduce)
+            if assign is None:
+                continue
+            c = Candidate(f"searched ({ran})", ran, mesh, z, 1, 1, assign, pr.cost(assign, z), pr.memory(assign, z), pr)
+            clock.record(ran, c.step_time)
+            candidates.append(c)
+            if clock.expired():
+                break
+    if pipelines and not clock.expired():
+        candidates += _pipelines(space, int(devices), base, method, memory_limit, clock, seed, zero_levels,
+                                 node_size, reduce, least)
+    feasible = [c for c in candidates if c.feasible(memory_limit)]
+    if not feasible:
+        if memory_limit is not None and least:
+            need, where = min(least)
+            raise SearchError(f"sl.search: no strategy fits memory_limit={memory_limit:.4g} B per device; the least "
+                              f"memory any strategy needs is {need} B ({need / 2**20:.2f} MiB) per device, with "
+                              f"{where}")
+        raise SearchError("sl.search: the time budget ran out before any candidate was priced; raise time_budget")
+    feasible.sort(key=lambda c: c.step_time)
+    best, predicted = rerank(feasible, rerank_top if simulate else 0, model, xs, loss_fn, target, optimizer, hw,
+                             memory_limit, notes)
+    return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
+                        method, clock.elapsed(), notes)
+
+
+def _presets(space: Space, devices: int, pipelines: bool, clock: Clock, notes: list[str]) -> list[Candidate]:
+    out = []
+    for spec in applicable_presets(devices, space.batch, pipelines):
+        try:
+            pc = preset_choice(space.graph(spec.micro_batches), spec, space.hw)
+            c = _price_preset(space, pc)
+        except (ValueError, GraphError) as e:  # a preset that does not fit this model
+            notes.append(f"preset {spec.name} skipped: {str(e).splitlines()[0]}")
+            continue
+        clock.record("presets", c.step_time)
+        out.append(c)
+    return out
+
+
+def _pipelines(space: Space, devices: int, base: Graph, method: str, memory_limit: float | None, clock: Clock,
+               seed: int, zero_levels: tuple[int, ...], node_size: int | None, reduce: bool | None,
+               least: list) -> list[Candidate]:
+    """Pipelines of 2, 4, 8 stages (where the layers allow), 2S and 4S micro-batches, each stage mesh
+    solved on the micro-batch graph and cut by the dynamic program."""
+    out = []
+    n_layers = len(blocks_of(space.problem(MeshChoice((1,), (0,)))))
+    for S in (2, 4, 8):
+        if devices % S or S > n_layers:
+            continue
+        k = devices // S
+        for M in (2 * S, 4 * S):
+            if space.batch % M:
+                continue
+            for mesh in mesh_choices(k, space.hw, node_size):
+                if clock.expired():
+                    return out
+                try:
+                    pr = space.problem(mesh, M)
+                except (ValueError, GraphError):
+                    continue
+                for z in zero_levels:
+                    assign, ran = solve_space(pr, z, method, None, clock, [], seed, reduce)
+                    if assign is None:
+                        continue
+                    cut = best_cut(pr, assign, z, S)
+                    if cut is None:
+                        continue
+                    least.append((cut.memory, f"{S} stages of {mesh.describe(space.hw)}, ZeRO-{z}"))
+                    c = Candidate(f"searched ({ran})", ran, mesh, z, S, M, assign, cut.step_time, cut.memory, pr,
+                                  cut.stage_of_op, note=f"bubble {cut.bubble:.0%}")
+                    clock.record(ran, c.step_time)
+                    out.append(c)
+    return out

@@ -1,0 +1,170 @@
+"""Shrinking an op-level problem before solving it: followers and tied layers.
+
+- **Followers** (Alpa merges them the same way): a cheap op (few FLOPs per output element: a reshape,
+  an activation, a norm) fed by exactly one other forward op takes, for each choice of its producer,
+  its own cheapest signature given that choice. It stops being a variable.
+- **Tied layers**: the repeated blocks of a model (``blocks.0``, ``blocks.1``, ...) with identical ops
+  and shapes take identical choices, so one variable serves every copy (their costs add up).
+
+Both are heuristics (a follower ignores what its consumers would prefer; a tied stack cannot vary
+layer by layer); tests that compare the exact solver with exhaustive enumeration turn them off, and
+the search turns them on only for large graphs. Every candidate is priced on the op-level problem in
+the end, so the reduction changes which candidates are found, never what a candidate costs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compiler.deduction.caches import freeze
+from ..ops.registry import get_op
+from .problem import OpProblem
+
+CHEAP_FLOPS_PER_ELEMENT = 16  # an op doing at most this many FLOPs per output element may follow
+
+
+@dataclass
+class Reduced:
+    """Variables (groups) with node costs, pairwise edge costs, and how to expand a choice per group
+    into a signature index per op. Costs are seconds per step at one ZeRO level; memory bytes."""
+
+    problem: OpProblem
+    zero: int
+    cost: list[np.ndarray]  # per group, per choice
+    memory: list[np.ndarray]
+    edges: dict[tuple[int, int], np.ndarray]  # (a, b), a < b: [choices of a, choices of b]
+    group_of: list[int]  # per op
+    mapping: list[np.ndarray]  # per op: group choice -> the op's signature index
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(c) for c in self.cost]
+
+    @property
+    def space_size(self) -> float:
+        return float(np.prod([float(n) for n in self.sizes]))
+
+    def expand(self, x) -> list[int]:
+        return [int(self.mapping[k][x[g]]) for k, g in enumerate(self.group_of)]
+
+    def total(self, x) -> float:
+        t = sum(float(c[x[g]]) for g, c in enumerate(self.cost))
+        return t + sum(float(d[x[a], x[b]]) for (a, b), d in self.edges.items())
+
+    def mem(self, x) -> int:
+        return self.problem.base_memory + int(sum(int(m[x[g]]) for g, m in enumerate(self.memory)))
+
+    def contract(self, op_assign: list[int]) -> list[int]:
+        """A group choice per group from an op-level assignment (the choice of each group's first op
+        whose mapping contains it; 0 where none does)."""
+        x = [0] * len(self.cost)
+        seen = set()
+        for k, g in enumerate(self.group_of):
+            if g in seen:
+                continue
+            hit = np.nonzero(self.mapping[k] == op_assign[k])[0]
+            if len(hit):
+                x[g] = int(hit[0])
+                seen.add(g)
+        return x
+
+
+def _cheap(problem: OpProblem, k: int) -> bool:
+    op = problem.ops[k].op
+    g = problem.graph
+    d = get_op(op.type)
+    ins = [g.tensors[i].meta for i in op.inputs]
+    outs = [g.tensors[o].meta for o in op.outputs]
+    try:
+        flops = d.flops(ins, outs, op.attrs)
+    except Exception:
+        return False
+    return flops <= CHEAP_FLOPS_PER_ELEMENT * max(1, sum(m.numel for m in outs))
+
+
+def _template(problem: OpProblem) -> list[tuple | None]:
+    """Per op, a key shared by the corresponding op of every identical repeated layer (else None)."""
+    g = problem.graph
+    units: dict[str, list[int]] = {}
+    for k, o in enumerate(problem.ops):
+        if re.search(r"\.\d+$", o.unit):
+            units.setdefault(o.unit, []).append(k)
+    shape_of = {u: tuple((problem.ops[k].op.type, tuple(g.tensors[i].meta for i in problem.ops[k].op.inputs),
+                          freeze(problem.ops[k].op.attrs)) for k in ks) for u, ks in units.items()}
+    out: list[tuple | None] = [None] * len(problem.ops)
+    for u, ks in units.items():
+        stem = re.sub(r"\.\d+$", ".#", u)
+        for q, k in enumerate(ks):
+            out[k] = (stem, shape_of[u], q)
+    return out
+
+
+def reduce_problem(problem: OpProblem, zero: int, merge: bool = True, tie: bool = True) -> Reduced:
+    """Groups, their costs and edges for ``problem`` at ZeRO level ``zero`` (see the module docstring)."""
+    M = problem.micro_batches
+    ops = problem.ops
+    node = [M * (o.compute + o.gather[zero]) + o.sync[zero] for o in ops]
+    incoming: dict[int, list[int]] = {}
+    for e_id, e in enumerate(problem.edges):
+        incoming.setdefault(e.dst, []).append(e_id)
+    group_of: list[int] = [-1] * len(ops)
+    mapping: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(ops)
+    cost: list[np.ndarray] = []
+    memory: list[np.ndarray] = []
+    absorbed: set[int] = set()
+    roots: list[int] = []  # per group, its root op
+    for k, o in enumerate(ops):
+        ins = incoming.get(k, [])
+        e = problem.edges[ins[0]] if len(ins) == 1 else None
+        if merge and e is not None and e.cross_stage is not None and _cheap(problem, k):
+            u, g = e.src, group_of[e.src]
+            total = node[k][None, :] + M * e.cost[mapping[u], :]  # [choices of g, sigs of k]
+            j = total.argmin(axis=1)
+            rows = np.arange(len(j))
+            group_of[k], mapping[k] = g, j
+            cost[g] = cost[g] + total[rows, j]
+            memory[g] = memory[g] + o.memory[zero][j]
+            absorbed.add(ins[0])
+            continue
+        group_of[k], mapping[k] = len(cost), np.arange(len(o.sigs))
+        cost.append(node[k].astype(float))
+        memory.append(o.memory[zero].astype(np.int64))
+        roots.append(k)
+    if tie:
+        group_of, cost, memory = _tie(problem, group_of, cost, memory, roots)
+    edges: dict[tuple[int, int], np.ndarray] = {}
+    for e_id, e in enumerate(problem.edges):
+        if e_id in absorbed:
+            continue
+        a, b = group_of[e.src], group_of[e.dst]
+        d = M * e.cost[np.ix_(mapping[e.src], mapping[e.dst])]
+        if a == b:
+            cost[a] = cost[a] + np.diag(d)
+            continue
+        if a > b:
+            a, b, d = b, a, d.T
+        edges[(a, b)] = edges[(a, b)] + d if (a, b) in edges else d
+    return Reduced(problem, zero, cost, memory, edges, group_of, mapping)
+
+
+def _tie(problem: OpProblem, group_of: list[int], cost: list[np.ndarray], memory: list[np.ndarray],
+         roots: list[int]) -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
+    keys = _template(problem)
+    new_id: dict[object, int] = {}
+    remap: list[int] = []
+    new_cost: list[np.ndarray] = []
+    new_mem: list[np.ndarray] = []
+    for g, r in enumerate(roots):
+        key = keys[r] if keys[r] is not None else ("own", g)
+        if key not in new_id:
+            new_id[key] = len(new_cost)
+            new_cost.append(np.zeros_like(cost[g]))
+            new_mem.append(np.zeros_like(memory[g]))
+        t = new_id[key]
+        remap.append(t)
+        new_cost[t] = new_cost[t] + cost[g]
+        new_mem[t] = new_mem[t] + memory[g]
+    return [remap[g] for g in group_of], new_cost, new_mem

@@ -1,0 +1,270 @@
+"""The discrete-event loop: every rank's actors under the runtime's own firing rule, on simulated time.
+
+What is the same as a real run (``runtime/executor.py``): the FiringGraph counters (inputs ready, a
+register free), the registers and micro-batches, one compute lane per rank that picks the ready
+firing of the oldest step and micro-batch, and communication posted strictly in the plan's
+``comm_order`` as soon as its inputs and a register allow. What is modelled: a communication
+starts when every member has posted it and every member's comm lane is free (transfers of one rank
+go one after another, in the order they became possible), and takes the boxing kind's duration;
+a compute firing takes its cost (see ``firing_cost.py``).
+
+Cores: with ``cores`` set (CPU ranks as processes sharing a machine), the ``k`` ranks computing at
+a moment each run at ``min(1, cores / k)`` of full speed (processor sharing). It is done with a
+virtual clock that advances at that rate, so a firing's end never needs rescheduling. Gloo's
+transfers also use CPU, but mostly waiting on sockets and shared memory; their CPU share is inside
+the measured alpha-beta fits, so they do not count as busy ranks here (counting them would charge
+the same cost twice).
+
+Events happening at one instant are all applied before any rank decides what to start, so the
+order of simultaneous completions does not change the schedule. Each firing records the firing
+whose completion let it start (``cause``), which is what the critical path walks back along.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass
+
+from ..runtime.actor_plan import ActorPlan
+from ..runtime.firing import FiringGraph
+from ..runtime.specs import Collective
+from .symmetry import Lookup
+
+COMPUTE, COMM = 0, 1
+INF = float("inf")
+
+
+@dataclass
+class Firings:
+    """Every simulated firing, as parallel arrays indexed by firing id (cheap for 10^5..10^6 firings).
+
+    start: compute start, or the moment a communication was posted (as a run's trace records it).
+    xfer: when the transfer itself began (every member posted, lanes free); = start for compute.
+    cause: the firing whose completion let this one start (-1: ready at time 0).
+    """
+
+    rank: array
+    node: array
+    k: array
+    lane: array
+    start: array
+    xfer: array
+    end: array
+    cause: array
+    # registers: (rank, node, alloc time, release time) per produced output, for the memory sweep
+    reg_rank: array
+    reg_node: array
+    reg_alloc: array
+    reg_free: array
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+
+class Engine:
+    """Runs ``plan`` for ``steps`` steps on the representative ranks of ``classes``.
+
+    work[r][i]: compute seconds at full speed (compute lane) or transfer seconds (comm lane) of one
+        firing of actor i on rank r.
+    classes: representative rank -> the ranks it stands for (see ``symmetry.py``): ranks of one
+        class run the same actors with the same costs, so they fire at the same times and only the
+        representative is simulated. A communication of a representative waits for the posts of the
+        representatives of every rank taking part (each class's comm lane is its representative's).
+    """
+
+    def __init__(self, plan: ActorPlan, steps: int, work: dict[int, list[float]], cores: int | None,
+                 classes: dict[int, list[int]]) -> None:
+        self.plan, self.steps, self.work, self.cores = plan, steps, work, cores
+        self.classes = classes
+        M = plan.micro_batches
+        self.reps = sorted(classes)
+        self.graphs = {r: FiringGraph(plan.ranks[r].actors, M, steps) for r in self.reps}
+        rep_of = {m: r for r, ms in classes.items() for m in ms}
+        # communication as (rep, actor index) pairs: which posts each one waits for, and the reverse
+        self.needs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+        self.waiters: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        lookup = Lookup(plan)
+        for r in self.reps:
+            rp = plan.ranks[r]
+            for i, a in enumerate(rp.actors):
+                if a.lane != "comm":
+                    continue
+                parts = {(r, i)}
+                if isinstance(a, Collective):
+                    for m in a.group:
+                        parts.add((rep_of[m], lookup.index(m, a.name)))
+                else:
+                    peer = a.peer  # type: ignore[attr-defined]
+                    parts.add((rep_of[peer], lookup.partner(r, a)))
+                self.needs[(r, i)] = tuple(sorted(parts))
+                for q in parts:
+                    self.waiters.setdefault(q, []).append((r, i))
+        self.order = {r: [(self.graphs[r].names[a], m) for a, m in plan.rank_order(r)] for r in self.reps}
+        f = "d"
+        self.out = Firings(array("i"), array("i"), array("i"), array("b"), array(f), array(f), array(f),
+                           array("i"), array("i"), array("i"), array(f), array(f))
+
+    def run(self) -> Firings:  # noqa: C901 - one loop, kept in one place for speed (locals, no attribute look-ups)
+        plan, steps, M = self.plan, self.steps, self.plan.micro_batches
+        graphs, work, out = self.graphs, self.work, self.out
+        o_rank, o_node, o_k, o_lane = out.rank.append, out.node.append, out.k.append, out.lane.append
+        o_start, o_xfer, o_end, o_cause = out.start.append, out.xfer, out.end, out.cause
+        o_end_app, o_cause_app, o_xfer_app = o_end.append, o_cause.append, o_xfer.append
+        out_rank, out_node, out_lane, out_k = out.rank, out.node, out.lane, out.k
+        cores = self.cores if plan.device_type == "cpu" else None
+        weight = {r: len(ms) for r, ms in self.classes.items()}
+        events: list[tuple[float, int, int]] = []  # (real time, seq, firing id): transfers
+        vevents: list[tuple[float, int, int]] = []  # (virtual time, seq, firing id): compute
+        seq = 0
+        now, V, busy_count = 0.0, 0.0, 0
+        rate = 1.0
+        ready: dict[int, list] = {r: [] for r in self.reps}
+        queued = {r: [False] * len(g.nodes) for r, g in graphs.items()}
+        is_compute = {r: [n.actor.lane != "comm" for n in g.nodes] for r, g in graphs.items()}
+        micro_scope = {r: [n.actor.scope == "micro" for n in g.nodes] for r, g in graphs.items()}
+        busy = {r: False for r in self.reps}
+        cpos = {r: 0 for r in self.reps}
+        cstep = {r: 0 for r in self.reps}
+        last = {r: -1 for r in self.reps}  # latest firing that finished on the rank
+        lane_free = {r: 0.0 for r in self.reps}
+        lane_last = {r: -1 for r in self.reps}
+        needs, waiters = self.needs, self.waiters
+        posted_at: dict[tuple[int, int, int], int] = {}  # (rep, actor, firing) -> firing id, while unmatched
+        count: dict[tuple[int, int, int], int] = {}
+        # registers: per (rank, node) the ids of outputs still alive, in order; released counters seen
+        seen_rel = {r: [0] * len(g.nodes) for r, g in graphs.items()}
+        live: dict[int, list[list[int]]] = {r: [[] for _ in g.nodes] for r, g in graphs.items()}
+        produces = {r: [n.n_out > 0 for n in g.nodes] for r, g in graphs.items()}
+        allocated_regs = {r: [0] * len(g.nodes) for r, g in graphs.items()}
+        r_rank, r_node, r_alloc, r_free = out.reg_rank, out.reg_node, out.reg_alloc, out.reg_free
+
+        def new_firing(r: int, i: int, k: int, lane: int, cause: int) -> int:
+            fid = len(out_rank)
+            o_rank(r), o_node(i), o_k(k), o_lane(lane), o_start(now), o_xfer_app(now), o_end_app(INF)
+            o_cause_app(cause)
+            if produces[r][i]:
+                g = graphs[r]
+                reg = g.register_number(g.nodes[i], k)
+                if reg is not None and reg >= allocated_regs[r][i]:  # a register is taken now
+                    allocated_regs[r][i] = reg + 1
+                    live[r][i].append(len(r_rank))
+                    r_rank.append(r), r_node.append(i), r_alloc.append(now), r_free.append(INF)
+            return fid
+
+        def post(r: int, i: int, k: int, fid: int) -> None:
+            """Record a post; start every communication whose members have now all posted."""
+            nonlocal seq
+            posted_at[(r, i, k)] = fid
+            done = []
+            for w in waiters[(r, i)]:
+                key = (w[0], w[1], k)
+                c = count.get(key, 0) + 1
+                if c == len(needs[w]):
+                    count.pop(key, None)
+                    done.append(w)
+                else:
+                    count[key] = c
+            starts = []
+            for w in done:  # lanes as they were before any of these starts
+                start, cause, dur = now, o_cause[fid], 0.0
+                for q in needs[w]:
+                    if lane_free[q[0]] > start:
+                        start, cause = lane_free[q[0]], lane_last[q[0]]
+                    if work[q[0]][q[1]] > dur:
+                        dur = work[q[0]][q[1]]
+                starts.append((w, start, start + dur, cause))
+            for w, start, end, cause in starts:
+                f = posted_at.pop((w[0], w[1], k))
+                o_xfer[f], o_cause[f] = start, cause
+                if end > lane_free[w[0]]:
+                    lane_free[w[0]], lane_last[w[0]] = end, f
+                seq += 1
+                heapq.heappush(events, (end, seq, f))
+
+        def schedule(r: int) -> None:
+            nonlocal seq, busy_count, rate
+            g = graphs[r]
+            order = self.order[r]
+            while cstep[r] < steps and order:
+                i, _m = order[cpos[r]]
+                if not g.can_fire(i):
+                    break
+                k = g.start(i)
+                post(r, i, k, new_firing(r, i, k, COMM, last[r]))
+                cpos[r] += 1
+                if cpos[r] == len(order):
+                    cpos[r], cstep[r] = 0, cstep[r] + 1
+            rq = ready[r]
+            if not busy[r] and rq:
+                i = heapq.heappop(rq)[2]
+                queued[r][i] = False
+                k = g.start(i)
+                fid = new_firing(r, i, k, COMPUTE, last[r])
+                busy[r] = True
+                busy_count += weight[r]
+                if cores is not None:
+                    rate = 1.0 if busy_count <= cores else cores / busy_count
+                seq += 1
+                heapq.heappush(vevents, (V + work[r][i], seq, fid))
+
+        def finish(fid: int) -> int:
+            nonlocal busy_count, rate
+            r, i = out_rank[fid], out_node[fid]
+            o_end[fid] = now
+            last[r] = fid
+            if out_lane[fid] == COMPUTE:
+                busy[r] = False
+                busy_count -= weight[r]
+                if cores is not None:
+                    rate = 1.0 if busy_count <= cores else cores / max(busy_count, 1)
+            g = graphs[r]
+            nodes, sr, lv, q, comp, mic, rq = g.nodes, seen_rel[r], live[r], queued[r], is_compute[r], \
+                micro_scope[r], ready[r]
+            can_fire = g.can_fire
+            for t in g.finish(i, out_k[fid]):
+                rel = nodes[t].released
+                while sr[t] < rel:  # outputs every consumer has acked: their registers are free
+                    sr[t] += 1
+                    if lv[t]:
+                        r_free[lv[t].pop(0)] = now
+                if comp[t] and not q[t] and can_fire(t):
+                    k = nodes[t].started
+                    heapq.heappush(rq, (k // M, k % M, t) if mic[t] else (k, -1, t))
+                    q[t] = True
+            return r
+
+        for r in self.reps:
+            g = graphs[r]
+            for i, n in enumerate(g.nodes):
+                if is_compute[r][i] and g.can_fire(i):
+                    k = n.started
+                    heapq.heappush(ready[r], (k // M, k % M, i) if micro_scope[r][i] else (k, -1, i))
+                    queued[r][i] = True
+        for r in self.reps:
+            schedule(r)
+        while events or vevents:
+            t_real = events[0][0] if events else INF
+            t_virt = now + (vevents[0][0] - V) / rate if vevents else INF
+            if t_virt <= t_real:
+                V, now = vevents[0][0], max(now, t_virt)
+            else:
+                V += (t_real - now) * rate
+                now = t_real
+            dirty = set()
+            while events and events[0][0] <= now:
+                dirty.add(finish(heapq.heappop(events)[2]))
+            while vevents and vevents[0][0] <= V:
+                dirty.add(finish(heapq.heappop(vevents)[2]))
+            for r in sorted(dirty):
+                schedule(r)
+        stuck = [r for r, g in graphs.items() if not g.finished()]
+        if stuck:
+            from .errors import SimulationError
+
+            g = graphs[stuck[0]]
+            why = [f"{n.actor.name!r} firing {n.started} waits for {g.waiting_for(n.index)}"
+                   for n in g.nodes if n.done_upto < n.total][:4]
+            raise SimulationError(f"simulation of plan {plan.name!r} stopped with ranks {stuck} unfinished: "
+                                  + "; ".join(why))
+        return out

@@ -1,0 +1,100 @@
+"""How long one firing of an actor takes on a Hardware: the only place the simulator turns work into seconds.
+
+- Compute: ``hw.op_time(op_key(op, local input shapes, dtype, device), flops, bytes)``: the measured
+  table where calibrated, a roofline on the peaks elsewhere. FLOPs and bytes come from the op
+  registry (applied to local shapes, so they are this rank's share); a plain ``module:function``
+  kernel (local boxing steps, hand-written kernels) moves its inputs and outputs through memory, with
+  the registry's FLOPs when an op of the same name exists. Sources, sinks and states hand over a
+  register (no kernel); an Accumulate reads its input and reads and writes its buffer.
+- Every firing also costs the runtime's ``hw.firing_overhead`` (scheduling, bookkeeping).
+- Communication: the boxing kind's own duration (``sbplab.boxing.kinds``) from the bytes each rank
+  sends and the mesh axis it crosses; send/recv are point-to-point moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..hardware import Hardware, op_key
+from ..ops.registry import REGISTRY, TensorMeta
+from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send
+from .comm_time import CommInfo, comm_duration, comm_info
+from .errors import SimulationError
+from .shapes import ActorShapes, nbytes
+
+
+@dataclass(frozen=True)
+class FiringCost:
+    """One firing of one actor on one rank: seconds at full speed, and where the figure came from.
+
+    seconds: compute work (stretched by core sharing in the simulation) or transfer time.
+    measured: the compute figure came from the calibrated table, not the roofline.
+    modelled: a compute kernel whose figure is the roofline (False for hand-overs and comm).
+    nbytes: bytes this rank sends (communication), else 0.
+    overhead: the runtime's share of ``seconds`` (firing overhead), the rest is the kernel or transfer.
+    """
+
+    seconds: float
+    measured: bool = False
+    modelled: bool = False
+    nbytes: int = 0
+    overhead: float = 0.0
+
+
+def _flops(name: str, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], attrs: dict) -> float:
+    opdef = REGISTRY.get(name) or REGISTRY.get(name.rsplit(":", 1)[-1])
+    if opdef is None:
+        return 0.0
+    try:
+        return float(opdef.flops(list(ins), list(outs), attrs))
+    except Exception:  # noqa: BLE001 - a kernel sharing a name but not the attrs: count bytes only
+        return 0.0
+
+
+def _dtype(shapes: ActorShapes):
+    metas = shapes.inputs or shapes.outputs
+    return metas[0].dtype if metas else None
+
+
+def compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str,
+                 cache: dict | None = None) -> FiringCost:
+    """Seconds of one firing of a compute-lane actor (kernel time plus the firing overhead); ``cache``
+    is shared by the ranks of one simulation (same op, shapes and attributes: same cost)."""
+    if cache is None:
+        return _compute_cost(a, shapes, hw, device_type)
+    if shapes.attrs is None:  # attributes that cannot be hashed: no sharing
+        return _compute_cost(a, shapes, hw, device_type)
+    key = (type(a), a.label, shapes)
+    c = cache.get(key)
+    if c is None:
+        c = cache[key] = _compute_cost(a, shapes, hw, device_type)
+    return c
+
+
+def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str) -> FiringCost:
+    over = hw.firing_overhead
+    ins, outs = shapes.inputs, shapes.outputs
+    moved = sum(nbytes(m) for m in ins) + sum(nbytes(m) for m in outs)
+    if isinstance(a, Compute):
+        dtype = _dtype(shapes)
+        key = op_key(a.op, [m.shape for m in ins], dtype or "float32", device_type)
+        t, measured = hw.op_time(key, _flops(a.op, ins, outs, a.attrs), moved, dtype)
+        return FiringCost(t + over, measured, not measured, overhead=over)
+    if isinstance(a, Accumulate):
+        dtype = _dtype(shapes)
+        key = op_key(a.label, [m.shape for m in ins], dtype or "float32", device_type)
+        acc = 3 * sum(nbytes(m) for m in ins)  # read the term, read and write the buffer
+        t, measured = hw.op_time(key, sum(m.numel for m in ins), acc, dtype)
+        return FiringCost(t + over, measured, not measured, overhead=over)
+    return FiringCost(over, overhead=over)  # Source, Sink, State: a register changes hands, no kernel
+
+
+def comm_cost(a: Actor, rank: int, shapes: ActorShapes, hw: Hardware,
+              extra: Mapping[str, CommInfo] | None = None) -> FiringCost:
+    """Seconds of one communication firing (the transfer, as every member sees it)."""
+    if not isinstance(a, (Collective, Send, Recv)):
+        raise SimulationError(f"actor {a.name!r} ({a.kind}) is not a communication actor")
+    info = comm_info(a, rank, shapes, (extra or {}).get(a.name))
+    return FiringCost(comm_duration(info, hw) + hw.firing_overhead, nbytes=info.bytes_sent,
+                      overhead=hw.firing_overhead)

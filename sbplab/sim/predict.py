@@ -1,0 +1,151 @@
+"""``simulate``: predict a compiled step's time, memory and timeline on a Hardware model.
+
+    c = sl.compile(model, xs, loss_fn=..., target=y, strategy=sl.presets.dp_tp((8, 8)))
+    pred = sl.simulate(c, sl.Hardware.h100_node())
+    pred.step_time, pred.peak_memory, pred.breakdown, pred.critical_path
+    sl.timeline(pred.trace)            # the same picture as a run's
+    pred.compare(cluster.run(c, batch, steps=3))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Mapping
+from typing import Any
+
+from ..hardware import Hardware
+from ..ops.registry import TensorMeta
+from ..runtime.actor_plan import ActorPlan
+from .comm_time import CommInfo
+from .engine import Engine
+from .errors import SimulationError
+from .firing_cost import FiringCost, comm_cost, compute_cost
+from .prediction import Prediction, memory_fields
+from .register_memory import peak_memory
+from .shapes import batch_shapes, infer_rank_shapes
+from .symmetry import rank_classes
+from .timing import rank_breakdown, step_ends, window
+
+
+def plan_of(step: Any) -> tuple[ActorPlan, dict[str, TensorMeta], dict[str, CommInfo]]:
+    """The ActorPlan of ``step``, the batch shapes its sources need, and what the compiler knows of its
+    communication (mesh axis, bytes per rank) by actor name."""
+    if isinstance(step, ActorPlan):
+        return step, {}, {}
+    if not (hasattr(step, "physical") and hasattr(step, "graph")):
+        raise SimulationError(f"simulate needs a Compiled step (sl.compile(...)) or an ActorPlan, "
+                              f"got {type(step).__name__}")
+    if hasattr(step, "plan") and callable(step.plan):
+        plan = step.plan()
+    else:
+        from ..compiler.lowering.to_actors import lower_to_actors
+
+        plan = lower_to_actors(step.physical, step.graph)
+    phys, graph = step.physical, step.graph
+    batch = {}
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        shape = list(t.shape)
+        if shape:
+            shape[0] *= phys.micro_batches  # the graph holds one micro-batch; sources cut the step's batch
+        batch[name] = TensorMeta(tuple(shape), t.meta.dtype)
+    known: dict[str, CommInfo] = {}
+    for n in phys.nodes:
+        st = n.attrs.get("plan_step") if n.kind == "boxing" else None
+        if st is not None and n.collective is not None and st.mesh_axis is not None:
+            known[f"c{n.collective}"] = CommInfo(n.op, st.mesh_axis, len(n.attrs.get("group", ())) or 1,
+                                                 int(st.bytes_sent.get(n.rank, 0)))
+    return plan, batch, known
+
+
+def _check(plan: ActorPlan, hw: Hardware, steps: int) -> None:
+    if not isinstance(hw, Hardware):
+        raise SimulationError(f"simulate needs a Hardware (sl.Hardware.cpu_box(), .h100_node(), a calibrated "
+                              f"one), got {type(hw).__name__}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise SimulationError(f"steps must be an int >= 1 (>= 2 for a steady-state step time), got {steps!r}")
+    if not any(rp.actors for rp in plan.ranks.values()):
+        raise SimulationError(f"plan {plan.name!r} has no actors on any of its {plan.world_size} ranks")
+
+
+def simulate(step: Any, hw: Hardware, *, steps: int = 3,
+             feeds: Mapping[str, Any] | None = None) -> Prediction:
+    """Simulate ``steps`` training steps of ``step`` (a Compiled step or an ActorPlan) on ``hw``.
+
+    feeds: for a hand-built plan with Source actors, each feed's batch (a tensor or a shape), as it
+        would be given to ``cluster.run``; a Compiled step knows its own.
+    A collective on mesh axis a uses ``hw.link(a)``: a Hardware with fewer axes than the mesh repeats its
+    last axis's figures. ``hw.cores`` (ranks sharing a machine's cores) slows compute when more ranks
+    compute at once than there are cores; it applies to CPU plans only (a GPU rank has its own device).
+    """
+    plan, batch, known = plan_of(step)
+    batch.update(batch_shapes(feeds))
+    return simulate_plan(plan, hw, steps=steps, batch=batch, comm=known)
+
+
+def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mapping[str, TensorMeta] | None = None,
+                  comm: Mapping[str, CommInfo] | None = None) -> Prediction:
+    """``simulate`` on a plan already lowered (``plan_of`` gives plan, batch shapes and ``comm``, what the
+    compiler knows of each collective), so lowering can be timed or cached apart from simulating."""
+    _check(plan, hw, steps)
+    with _gc_paused():
+        return _simulate(plan, hw, steps, dict(batch or {}), dict(comm or {}))
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The simulation allocates many small objects that all stay alive until it ends: collecting garbage
+    meanwhile finds nothing and, with a compiled graph in memory, costs more than the simulation."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],
+              known: dict[str, CommInfo]) -> Prediction:
+    M = plan.micro_batches
+    shapes, work, sent, costs = {}, {}, {}, {}
+    shape_cache: dict = {}
+    cost_cache: dict = {}
+    for r, rp in plan.ranks.items():
+        shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
+        row_c: list[FiringCost] = []
+        for a in rp.actors:
+            sh = shapes[r][a.name]
+            row_c.append(comm_cost(a, r, sh, hw, known) if a.lane == "comm"
+                         else compute_cost(a, sh, hw, plan.device_type, cost_cache))
+        costs[r] = row_c
+        work[r] = [c.seconds for c in row_c]
+        sent[r] = [c.nbytes for c in row_c]
+    classes = rank_classes(plan, costs, shapes)
+    firings = Engine(plan, steps, work, hw.cores, classes).run()
+    step_of = {r: [M if a.scope == "micro" else 0 for a in plan.ranks[r].actors] for r in classes}
+    ends = step_ends(firings, step_of, steps)
+    lo, hi, n = window(ends)
+    mem = peak_memory(firings, {r: plan.ranks[r].actors for r in classes}, shapes, hi)
+    per_rep = rank_breakdown(firings, list(classes), lo, hi, n)
+    rep_of = {m: r for r, ms in classes.items() for m in ms}
+    peak, parts, at = memory_fields({m: mem[rep_of[m]] for m in plan.ranks})
+    return Prediction(plan=plan, hardware=hw, steps=steps, step_time=(hi - lo) / n, step_ends=ends,
+                      peak_memory=peak, memory_breakdown=parts, breakdown={m: dict(per_rep[rep_of[m]])
+                                                                           for m in plan.ranks},
+                      measured_fraction=_measured_fraction(plan, costs), firings=firings, sent_bytes=sent,
+                      classes=classes, window_start=lo if steps > 1 else 0.0, memory_at_us=at)
+
+
+def _measured_fraction(plan: ActorPlan, costs: dict[int, list[FiringCost]]) -> float:
+    """Measured kernel seconds over all kernel seconds of one step (firings per step weigh each actor)."""
+    M, measured, total = plan.micro_batches, 0.0, 0.0
+    for r, rp in plan.ranks.items():
+        for a, c in zip(rp.actors, costs[r]):
+            if not (c.measured or c.modelled):
+                continue
+            t = (c.seconds - c.overhead) * (M if a.scope == "micro" else 1)
+            total += t
+            measured += t if c.measured else 0.0
+    return measured / total if total > 0 else 0.0

@@ -1,0 +1,112 @@
+"""Prediction: what the simulator says one training step costs, in the runtime's own vocabulary.
+
+The trace is a ``runtime.trace.Trace`` built by the same function a run uses, so
+``sl.timeline(pred.trace)``, ``sbplab.viz.compare_timelines(pred.trace, result.trace)`` and
+``trace.to_chrome()`` work on it unchanged. It is built on first use: the numbers do not need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from ..hardware import Hardware
+from ..runtime.actor_plan import ActorPlan
+from ..runtime.trace import Trace, TraceEvent, build_trace
+from .engine import Firings
+from .register_memory import RankPeak
+from .timing import critical_chain
+
+if TYPE_CHECKING:
+    from ..runtime.results import RunResult
+    from .compare import PredictedVsMeasured
+
+
+@dataclass
+class Prediction:
+    """A simulated run of ``steps`` steps of ``plan`` on ``hardware``.
+
+    step_time: steady-state seconds per step (step ends differenced over the steps after the first).
+    step_ends: seconds at which each simulated step's last firing ended.
+    peak_memory: per rank, the largest bytes held at once (see ``memory_breakdown`` for what).
+    memory_breakdown: per rank, bytes per category (parameters, gradients, optimizer state,
+        activations) at that rank's peak.
+    breakdown: per rank, seconds per step: compute, exposed communication, idle (bubbles, waiting).
+    measured_fraction: share of predicted kernel seconds taken from measured op times (the rest is
+        the roofline); 0.0 on a spec-sheet Hardware.
+    """
+
+    plan: ActorPlan
+    hardware: Hardware
+    steps: int
+    step_time: float
+    step_ends: list[float]
+    peak_memory: dict[int, int]
+    memory_breakdown: dict[int, dict[str, int]]
+    breakdown: dict[int, dict[str, float]]
+    measured_fraction: float
+    firings: Firings = field(repr=False)  # of the simulated (representative) ranks
+    sent_bytes: dict[int, list[int]] = field(default_factory=dict, repr=False)  # per rank, per actor, per firing
+    classes: dict[int, list[int]] = field(default_factory=dict, repr=False)  # simulated rank -> ranks alike
+    window_start: float = field(default=0.0, repr=False)
+    memory_at_us: dict[int, float] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def trace(self) -> Trace:
+        """Every simulated firing as a run's Trace (times in microseconds from the start)."""
+        f = self.firings
+        raw: dict[int, list[tuple]] = {r: [] for r in self.plan.ranks}
+        nbytes = self.sent_bytes
+        classes = self.classes or {r: [r] for r in self.plan.ranks}
+        for j in range(len(f)):
+            r, i = f.rank[j], f.node[j]
+            row = (i, f.k[j], f.lane[j], f.start[j] * 1e9, f.end[j] * 1e9)
+            for m in classes[r]:  # ranks alike fired at the same moments
+                raw[m].append(row + (nbytes[m][i],))
+        return build_trace(self.plan, self.steps, raw, {}, 0)
+
+    @cached_property
+    def critical_path(self) -> list[TraceEvent]:
+        """The chain of firings that decides the last step's end: from the last firing back through
+        whichever dependency (input register, free register, lane, peer) finished last. A transfer's
+        start here is when it began moving data (every member posted, lanes free), not its post."""
+        f, out = self.firings, []
+        for j in critical_chain(f, self.window_start):
+            r, i = f.rank[j], f.node[j]
+            a = self.plan.ranks[r].actors[i]
+            M = self.plan.micro_batches
+            micro = a.scope == "micro"
+            out.append(TraceEvent(r, "compute" if f.lane[j] == 0 else "comm", a.name, a.label, a.kind, a.phase,
+                                  f.k[j] // M if micro else f.k[j], f.k[j] % M if micro else -1, f.k[j],
+                                  f.xfer[j] * 1e6, f.end[j] * 1e6, self.sent_bytes[r][i]))
+        return out
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the start to the end of the last simulated step."""
+        return self.step_ends[-1] if self.step_ends else 0.0
+
+    def compare(self, result: RunResult) -> PredictedVsMeasured:
+        """Predicted and measured side by side: per step, per rank and lane, per kind of actor."""
+        from .compare import compare
+
+        return compare(self, result)
+
+    def summary(self) -> str:
+        lines = [f"predicted step time {self.step_time * 1e3:.3f} ms on {self.hardware.name} "
+                 f"({self.measured_fraction:.0%} of compute from measured op times)",
+                 f"{'rank':>4} {'compute ms':>11} {'exp. comm ms':>13} {'idle ms':>9} {'peak MB':>9}"]
+        for r, b in self.breakdown.items():
+            lines.append(f"{r:>4} {b['compute'] * 1e3:>11.3f} {b['exposed communication'] * 1e3:>13.3f} "
+                         f"{b['idle'] * 1e3:>9.3f} {self.peak_memory[r] / 2**20:>9.2f}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"Prediction({self.plan.name!r}: {self.step_time * 1e3:.3f} ms/step, "
+                f"peak {max(self.peak_memory.values(), default=0) / 2**20:.2f} MB/rank)")
+
+
+def memory_fields(mem: dict[int, RankPeak]) -> tuple[dict[int, int], dict[int, dict[str, int]], dict[int, float]]:
+    return ({r: m.peak for r, m in mem.items()}, {r: m.breakdown for r, m in mem.items()},
+            {r: m.at_us for r, m in mem.items()})
