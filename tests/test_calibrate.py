@@ -16,12 +16,14 @@ from sbplab.hardware import CommFit, Hardware, op_key
 from sbplab.models import MLP, MLPConfig
 from sbplab.runtime import Accumulate, Compute, LocalCluster
 from sbplab.runtime.calibrate import CalibrationCacheWarning, calibrate, calibrate_report, hardware_of
-from sbplab.runtime.calibrate_comm import COLLECTIVES, collective_plan, comm_axes, p2p_plan
+from sbplab.runtime.calibrate_comm import collective_plan, comm_axes, measured_kinds, p2p_plan
 from sbplab.runtime.calibrate_fit import fit_alpha_beta
 from sbplab.runtime.calibration_cache import CalibrationRecord, load
 from sbplab.runtime.examples import data_parallel_linear
 from sbplab.sim.predict import plan_of, simulate
 from sbplab.sim.shapes import infer_rank_shapes
+
+COLLECTIVES = measured_kinds()
 
 # small sweeps keep a calibration well under a second of device work on 2 shared cores
 SMALL = {"sizes": (1024, 16384), "repeats": 2, "matmul_n": 64, "copy_bytes": 1 << 20}

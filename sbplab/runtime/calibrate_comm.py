@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..boxing.kinds import kind_of
+from ..boxing.kinds import KINDS, kind_of
 from ..hardware import CommFit
 from ..placement import Placement
 from .actor_plan import ActorPlan
@@ -28,7 +28,11 @@ from .specs import Actor, Collective, Recv, Send, State
 from .trace import Trace
 
 ITEM = 4  # bytes of a float32 element: every sweep moves float32 tensors
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")  # kinds measured
+
+
+def measured_kinds() -> tuple[str, ...]:
+    """Every registered boxing kind that runs as a collective: each is measured (a new kind too)."""
+    return tuple(name for name, k in KINDS.items() if k.is_collective)
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,9 @@ def _input(nbytes: int, p: int) -> tuple[torch.Tensor, dict]:
 def collective_plan(kind: str, setting: AxisGroups, sizes: tuple[int, ...], n: int,
                     device_type: str) -> ActorPlan:
     """Every group of ``setting`` runs ``kind`` once per size per step, one size after another."""
-    if kind not in COLLECTIVES:
+    if kind not in measured_kinds():
         raise ValueError(f"calibration: cannot measure collective kind {kind!r}; "
-                         f"measured kinds: {COLLECTIVES}")
+                         f"measured kinds: {measured_kinds()}")
     ranks: dict[int, list[Actor]] = {}
     for group in setting.groups:
         p = len(group)
@@ -107,7 +111,7 @@ def measure_collective(cluster, kind: str, setting: AxisGroups, sizes: tuple[int
 def measure_collectives(cluster, sizes: tuple[int, ...], repeats: int) -> list[CommFit]:
     """Every collective kind on every axis setting the cluster can form."""
     return [measure_collective(cluster, kind, setting, sizes, repeats)
-            for setting in comm_axes(cluster.n) for kind in COLLECTIVES]
+            for setting in comm_axes(cluster.n) for kind in measured_kinds()]
 
 
 def p2p_plan(sizes: tuple[int, ...], n: int, device_type: str) -> ActorPlan:

@@ -48,9 +48,16 @@ class AllToAllKind(CollectiveKind):
         return dict(dim=new.dim, cat_dim=old.dim, sizes=tuple(balanced_sizes(in_shape[new.dim], len(group))),
                     cat_sizes=tuple(local_shape(shape, step.placement, step.src_sbp, m)[old.dim] for m in group))
 
-    def actor_bytes(self, actor, me, x) -> int:
-        sizes = actor.sizes or even_sizes(x.shape[actor.dim], len(actor.group), actor.name)
-        return (x.numel() - rest_of(x.shape, actor.dim) * sizes[me]) * x.element_size()
+    def actor_bytes(self, actor, me, shape, itemsize) -> int:
+        sizes = actor.sizes or even_sizes(shape[actor.dim], len(actor.group), actor.name)
+        return (numel(shape) - rest_of(shape, actor.dim) * sizes[me]) * itemsize  # all but my own piece
+
+    def actor_output_shape(self, actor, me, shape) -> tuple[int, ...]:
+        p = len(actor.group)
+        out = list(shape)
+        out[actor.dim] = (actor.sizes or even_sizes(shape[actor.dim], p, actor.name))[me]
+        out[actor.cat_dim] = sum(actor.cat_sizes) if actor.cat_sizes else shape[actor.cat_dim] * p
+        return tuple(out)
 
     def launch(self, actor, x, group, p, me, rank, inplace):
         sizes = actor.sizes or even_sizes(x.shape[actor.dim], p, actor.name)

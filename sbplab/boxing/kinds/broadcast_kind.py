@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .collective_kind import CollectiveKind
+from .collective_kind import CollectiveKind, numel
 from .kind_registry import register
 
 
@@ -23,8 +23,8 @@ class BroadcastKind(CollectiveKind):
         """In one process: every member's result, the source member's value."""
         return [xs[src_index].clone() for _ in xs]
 
-    def actor_bytes(self, actor, me, x) -> int:
-        return x.numel() * x.element_size() if actor.group[me] == actor.src else 0
+    def actor_bytes(self, actor, me, shape, itemsize) -> int:
+        return numel(shape) * itemsize if actor.group[me] == actor.src else 0
 
     def launch(self, actor, x, group, p, me, rank, inplace):
         y = x.clone() if rank == actor.src else torch.empty_like(x)

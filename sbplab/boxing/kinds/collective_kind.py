@@ -68,9 +68,15 @@ class CollectiveKind(StepKind):
     def rounds(self, group_size: int, messages: int = 1) -> int:
         return self.ring_rounds * max(group_size - 1, 0)
 
-    def actor_bytes(self, actor: Any, me: int, x: torch.Tensor) -> int:
-        """Bytes group member ``me`` sends when ``actor`` runs on its input ``x``."""
+    def actor_bytes(self, actor: Any, me: int, shape: Sequence[int], itemsize: int) -> int:
+        """Bytes group member ``me`` sends when ``actor`` runs on its local input of ``shape``: what the
+        runtime reports and the simulator prices, for a plan that does not carry the number itself."""
         raise NotImplementedError(f"boxing kind {self.name!r} does not say its actor's bytes")
+
+    def actor_output_shape(self, actor: Any, me: int, shape: Sequence[int]) -> tuple[int, ...]:
+        """The local output shape of group member ``me`` for a local input of ``shape`` (the simulator
+        follows register shapes through a plan with it)."""
+        return tuple(shape)
 
     def launch(self, actor: Any, x: torch.Tensor, group: object, p: int, me: int, rank: int,
                inplace: bool) -> tuple[object, Finish]:
@@ -86,4 +92,4 @@ class CollectiveKind(StepKind):
         me = actor.group.index(comm.rank)
         group = comm.groups[("group",) + tuple(actor.group)]
         work, finish = self.launch(actor, x, group, p, me, comm.rank, inplace and self.in_place_ok)
-        return Pending(work, finish, self.actor_bytes(actor, me, x))
+        return Pending(work, finish, self.actor_bytes(actor, me, tuple(x.shape), x.element_size()))

@@ -78,12 +78,17 @@ class AllGatherKind(RingKind):
         dim = step.src_sbp[step.mesh_axis].dim
         return dict(dim=dim, sizes=tuple(local_shape(shape, step.placement, step.src_sbp, m)[dim] for m in group))
 
-    def actor_bytes(self, actor, me, x) -> int:
-        p, D = len(actor.group), x.shape[actor.dim]
+    def actor_bytes(self, actor, me, shape, itemsize) -> int:
+        p, D = len(actor.group), shape[actor.dim]
         sizes = actor.sizes or (D,) * p
-        rest = rest_of(x.shape, actor.dim)
+        rest = rest_of(shape, actor.dim)
         chunks = [rest * s for s in sizes]
-        return self.ring_elements(p, me, sum(chunks), chunks)[0] * x.element_size()
+        return self.ring_elements(p, me, sum(chunks), chunks)[0] * itemsize
+
+    def actor_output_shape(self, actor, me, shape) -> tuple[int, ...]:
+        out = list(shape)
+        out[actor.dim] = sum(actor.sizes) if actor.sizes else shape[actor.dim] * len(actor.group)
+        return tuple(out)
 
     def launch(self, actor, x, group, p, me, rank, inplace):
         xt = x.movedim(actor.dim, 0)
@@ -126,12 +131,17 @@ class ReduceScatterKind(RingKind):
         old, new = step.src_sbp[step.mesh_axis], step.dst_sbp[step.mesh_axis]
         return dict(dim=new.dim, reduce_op=old.op, sizes=tuple(balanced_sizes(in_shape[new.dim], len(group))))
 
-    def actor_bytes(self, actor, me, x) -> int:
-        p, D = len(actor.group), x.shape[actor.dim]
+    def actor_bytes(self, actor, me, shape, itemsize) -> int:
+        p, D = len(actor.group), shape[actor.dim]
         sizes = actor.sizes or even_sizes(D, p, actor.name)
-        rest = rest_of(x.shape, actor.dim)
+        rest = rest_of(shape, actor.dim)
         chunks = [rest * s for s in sizes]
-        return self.ring_elements(p, me, x.numel(), chunks)[0] * x.element_size()
+        return self.ring_elements(p, me, numel(shape), chunks)[0] * itemsize
+
+    def actor_output_shape(self, actor, me, shape) -> tuple[int, ...]:
+        out = list(shape)
+        out[actor.dim] = (actor.sizes or even_sizes(shape[actor.dim], len(actor.group), actor.name))[me]
+        return tuple(out)
 
     def launch(self, actor, x, group, p, me, rank, inplace):
         xt = x.movedim(actor.dim, 0)
@@ -174,8 +184,8 @@ class AllReduceKind(RingKind):
     def collective_attrs(self, step, group, in_shape, shape) -> dict:
         return dict(reduce_op=step.src_sbp[step.mesh_axis].op)
 
-    def actor_bytes(self, actor, me, x) -> int:
-        return self.ring_elements(len(actor.group), me, x.numel(), [])[0] * x.element_size()
+    def actor_bytes(self, actor, me, shape, itemsize) -> int:
+        return self.ring_elements(len(actor.group), me, numel(shape), [])[0] * itemsize
 
     def launch(self, actor, x, group, p, me, rank, inplace):
         y = x if inplace and x.is_contiguous() else x.clone()
