@@ -1,0 +1,100 @@
+"""Is the searched strategy really as fast as the best preset? Measured on real workers, side by side.
+
+For each zoo model on 2 and 4 Gloo ranks of this machine: ``sl.search`` on a Hardware calibrated on
+this cluster (``cluster.calibrate()``; ``--spec`` uses the ``cpu_box`` spec sheet instead), then the
+searched strategy and every applicable preset are compiled and run for real. Time per step is what a
+user waits for: (wall time of ``cluster.run`` with 1 + N steps - wall time with 1 step) / N, rounds
+interleaved (searched, preset 1, preset 2, ..., searched, ...). Printed per model: each strategy's
+predicted step time (``sl.simulate``), its measured median and spread, and at the end the ratio of the
+searched strategy to the best measured preset (goal: <= 1.0, not slower than the best preset).
+
+    .venv/bin/python benchmarks/bench_search_measured.py [--rounds 3] [--steps 6] [--ranks 2,4] [--spec]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import sbplab as sl
+from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
+
+
+def zoo(kind: str):
+    torch.manual_seed(0)
+    if kind == "mlp":
+        m = MLP(MLPConfig(in_dim=64, width=256, hidden=512, n_blocks=2, n_classes=10))
+        return m, *m.example_batch(64), m.loss_fn
+    if kind == "gpt":
+        m = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=4, n_embd=64))
+        return m, *m.example_batch(16), GPT.loss_fn
+    if kind == "wide_deep":
+        m = WideDeep(WideDeepConfig(vocab_size=512, n_fields=4, emb_dim=16, n_dense=8, hidden=64))
+        return m, *m.example_batch(64), m.loss_fn
+    m = CNN(CNNConfig(in_channels=3, image_size=16, channels=(8, 16), n_classes=10))
+    return m, *m.example_batch(32), m.loss_fn
+
+
+def wall_per_step(cluster: sl.LocalCluster, step, batch, n: int) -> float:
+    t0 = time.perf_counter()
+    cluster.run(step, batch, steps=1, progress=False, params=False, trace=False)
+    t1 = time.perf_counter()
+    cluster.run(step, batch, steps=1 + n, progress=False, params=False, trace=False)
+    t2 = time.perf_counter()
+    return ((t2 - t1) - (t1 - t0)) / n
+
+
+def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, rounds: int, steps: int) -> float:
+    model, (x,), y, loss_fn = zoo(kind)
+    opt = sl.SGD(lr=0.05)
+    res = sl.search(model, (x,), loss_fn=loss_fn, target=y, optimizer=opt, devices=ranks, hardware=hw, seed=0)
+    entries = [("searched: " + res.best.describe(), res.strategy)]
+    entries += [(p.describe(), p.strategy) for p in res.presets if p.step_time < float("inf")]
+    compiled = []
+    for label, st in entries:
+        try:
+            step = sl.compile(model, (x,), loss_fn=loss_fn, target=y, optimizer=opt, strategy=st, hardware=hw)
+        except sl.SbplabError as e:  # a preset that does not fit this model: say so, go on
+            print(f"  {label}: not compiled ({type(e).__name__}: {str(e).splitlines()[0][:90]})")
+            continue
+        compiled.append((label, step, sl.simulate(step, hw).step_time))
+    times: dict[str, list[float]] = {label: [] for label, _, _ in compiled}
+    for _ in range(rounds):
+        for label, step, _ in compiled:
+            times[label].append(wall_per_step(cluster, step, (x, y), steps))
+    print(f"\n{kind} on {ranks} ranks ({hw.name}; search took {res.seconds:.2f} s, method {res.method})")
+    print(f"  {'strategy':70s} {'predicted ms':>12} {'measured ms':>12} {'spread ms':>14}")
+    for label, _, pred in compiled:
+        ts = times[label]
+        print(f"  {label[:70]:70s} {pred * 1e3:>12.3f} {statistics.median(ts) * 1e3:>12.3f} "
+              f"{min(ts) * 1e3:>6.2f}-{max(ts) * 1e3:<7.2f}")
+    searched = statistics.median(times[compiled[0][0]])
+    best_preset = min(statistics.median(times[label]) for label, _, _ in compiled[1:])
+    ratio = searched / best_preset
+    print(f"  searched / best measured preset: {ratio:.2f}")
+    return ratio
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--models", default="mlp,gpt,cnn,wide_deep")
+    ap.add_argument("--spec", action="store_true", help="use the cpu_box spec sheet, no calibration")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ratios = []
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        with sl.LocalCluster(ranks) as cluster:
+            hw = sl.Hardware.cpu_box() if args.spec else cluster.calibrate()
+            for kind in args.models.split(","):
+                ratios.append((kind, ranks, bench(kind, ranks, cluster, hw, args.rounds, args.steps)))
+    print("\nsearched / best measured preset: " + ", ".join(f"{k} x{r} {q:.2f}" for k, r, q in ratios))
+
+
+if __name__ == "__main__":
+    main()
