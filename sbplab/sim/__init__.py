@@ -8,7 +8,7 @@ time (``engine.py``), with durations from the Hardware's measured or spec-sheet 
 from __future__ import annotations
 
 from .compare import PredictedVsMeasured
-from .errors import SimulationError
+from .sim_errors import SimulationError
 from .predict import simulate
 from .prediction import Prediction
 

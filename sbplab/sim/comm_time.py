@@ -20,7 +20,7 @@ from ..boxing.kinds import kind_of
 from ..hardware import Hardware
 from ..ops.registry import TensorMeta
 from ..runtime.specs import Actor, Collective, Send
-from .errors import SimulationError
+from .sim_errors import SimulationError
 from .shapes import ActorShapes, nbytes
 
 

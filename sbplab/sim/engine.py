@@ -260,7 +260,7 @@ class Engine:
                 schedule(r)
         stuck = [r for r, g in graphs.items() if not g.finished()]
         if stuck:
-            from .errors import SimulationError
+            from .sim_errors import SimulationError
 
             g = graphs[stuck[0]]
             why = [f"{n.actor.name!r} firing {n.started} waits for {g.waiting_for(n.index)}"

@@ -20,7 +20,7 @@ from ..hardware import Hardware, op_key
 from ..ops.registry import REGISTRY, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send
 from .comm_time import CommInfo, comm_duration, comm_info
-from .errors import SimulationError
+from .sim_errors import SimulationError
 from .shapes import ActorShapes, nbytes
 
 

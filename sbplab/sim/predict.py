@@ -19,7 +19,7 @@ from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
 from .comm_time import CommInfo
 from .engine import Engine
-from .errors import SimulationError
+from .sim_errors import SimulationError
 from .firing_cost import FiringCost, comm_cost, compute_cost
 from .prediction import Prediction, memory_fields
 from .register_memory import peak_memory

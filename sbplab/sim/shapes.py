@@ -20,7 +20,7 @@ import torch
 from ..layout import balanced_sizes, local_shape
 from ..ops.registry import REGISTRY, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send, Sink, Source, State
-from .errors import SimulationError
+from .sim_errors import SimulationError
 
 Shape = tuple[int, ...]
 _ITEMSIZE: dict[torch.dtype, int] = {}
