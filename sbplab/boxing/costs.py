@@ -84,11 +84,6 @@ def extents(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
     return sizes
 
 
-def _numel(sizes: list[int]) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
 
 
 @dataclass(frozen=True)

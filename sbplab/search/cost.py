@@ -32,19 +32,13 @@ from ..compiler.deduction.caches import freeze
 from ..compiler.deduction.deduce import is_local_change
 from ..compiler.ir import Graph, OpNode
 from ..hardware import Hardware, op_key
-from ..layout import LayoutError, check_layout, local_shape
+from ..layout import LayoutError, check_layout, local_shape, numel
 from ..ops.registry import NdSignature, TensorMeta, get_op, local_context
 from ..placement import Placement
 from ..sbp import B, Broadcast, NdSbp, Partial, S, Split
 
 ZERO_LEVELS = (0, 2, 3)  # 0: replicated state; 2: gradients and optimizer state sharded; 3: parameters too
 
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 @dataclass(frozen=True)
@@ -94,7 +88,7 @@ class Pricer:
 
     # --- layouts -------------------------------------------------------------------------------
     def _local_bytes(self, meta: TensorMeta, sbp: NdSbp) -> int:
-        return _numel(local_shape(meta.shape, self.placement, sbp, self.rank)) * meta.dtype.itemsize
+        return numel(local_shape(meta.shape, self.placement, sbp, self.rank)) * meta.dtype.itemsize
 
     def fits(self, meta: TensorMeta, sbp: NdSbp) -> bool:
         """Every rank gets a non-empty shard (a 2-row tensor does not split 8 ways)."""

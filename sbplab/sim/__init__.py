@@ -8,8 +8,8 @@ time (``engine.py``), with durations from the Hardware's measured or spec-sheet 
 from __future__ import annotations
 
 from .compare import PredictedVsMeasured
-from .sim_errors import SimulationError
 from .predict import simulate
 from .prediction import Prediction
+from .sim_errors import SimulationError
 
 __all__ = ["PredictedVsMeasured", "Prediction", "SimulationError", "simulate"]

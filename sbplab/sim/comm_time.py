@@ -20,8 +20,8 @@ from ..boxing.kinds import kind_of
 from ..hardware import Hardware
 from ..ops.registry import TensorMeta
 from ..runtime.specs import Actor, Collective, Send
-from .sim_errors import SimulationError
 from .shapes import ActorShapes, nbytes
+from .sim_errors import SimulationError
 
 
 @dataclass(frozen=True)

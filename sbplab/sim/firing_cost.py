@@ -20,8 +20,8 @@ from ..hardware import Hardware, op_key
 from ..ops.registry import REGISTRY, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send
 from .comm_time import CommInfo, comm_duration, comm_info
-from .sim_errors import SimulationError
 from .shapes import ActorShapes, nbytes
+from .sim_errors import SimulationError
 
 
 @dataclass(frozen=True)

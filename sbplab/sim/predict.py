@@ -19,11 +19,11 @@ from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
 from .comm_time import CommInfo
 from .engine import Engine
-from .sim_errors import SimulationError
 from .firing_cost import FiringCost, comm_cost, compute_cost
 from .prediction import Prediction, memory_fields
 from .register_memory import peak_memory
 from .shapes import batch_shapes, infer_rank_shapes
+from .sim_errors import SimulationError
 from .symmetry import rank_classes
 from .timing import rank_breakdown, step_ends, window
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..freeze import freeze
 from ..layout import balanced_sizes, local_shape
 from ..ops.registry import REGISTRY, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send, Sink, Source, State
@@ -34,20 +35,15 @@ def nbytes(m: TensorMeta) -> int:
     return m.numel * size
 
 
-def freeze(x):
-    """A hashable stand-in for local attributes (lists to tuples, dicts to sorted items); None if some
-    value cannot be hashed (a tensor), which only turns a cache off."""
-    if isinstance(x, dict):
-        items = tuple(sorted((k, freeze(v)) for k, v in x.items()))
-        return None if any(v is None and x[k] is not None for k, v in items) else items
-    if isinstance(x, (list, tuple)):
-        out = tuple(freeze(v) for v in x)
-        return None if any(o is None and v is not None for o, v in zip(out, x)) else out
+def hashable_attrs(attrs: object) -> object:
+    """``attrs`` frozen (``sbplab.freeze``), or None when some value cannot be hashed (a tensor), which
+    only turns a cache off."""
+    key = freeze(attrs)
     try:
-        hash(x)
+        hash(key)
     except TypeError:
         return None
-    return x
+    return key
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ def infer_rank_shapes(actors: list[Actor], rank: int, micro: int, batch: dict[st
                 stack.extend(missing)
                 continue
             ins = tuple(done[r.actor].outputs[r.index] for r in a.inputs)
-            fa = freeze(a.attrs) if isinstance(a, Compute) else ()
+            fa = hashable_attrs(a.attrs) if isinstance(a, Compute) else ()
             done[a.name] = ActorShapes(ins, _outputs(a, rank, micro, batch, ins, fa, cache), fa)
             stack.pop()
     return done

@@ -16,20 +16,13 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from ...layout import balanced_sizes
+from ...layout import balanced_sizes, numel
 from .kind_base import Pending, StepKind
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
               "avg": dist.ReduceOp.SUM}  # Gloo has no AVG: sum, then divide
 
 Finish = Callable[[], torch.Tensor]
-
-
-def numel(sizes: Sequence[int]) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
 
 
 def rest_of(shape: Sequence[int], dim: int) -> int:

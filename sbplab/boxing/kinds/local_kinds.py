@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ...layout import local_shape, partial_fill, split_range
+from ...layout import local_shape, numel, partial_fill, split_range
 from ...sbp import B, Broadcast, NdSbp, Partial, SbpParallel, Split
 from .kind_base import StepKind
 from .kind_registry import register
@@ -57,13 +57,6 @@ def fill_op(state: NdSbp, axis: int, op: str, coords: tuple[int, ...]) -> str:
         if isinstance(state[j], Partial) and state[j].op == "sum" and coords[j] != 0:
             return "sum"
     return op
-
-
-def _numel(sizes: Sequence[int]) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
 
 
 class LocalKind(StepKind):
@@ -114,7 +107,7 @@ class ZeroKind(LocalKind):
 
     def rank_elements(self, piece, old, new, p, i) -> tuple[int, int, int]:
         writes = isinstance(old, Split) or (new.op == "sum" and i != 0)
-        return 0, 0, _numel(piece) if writes else 0
+        return 0, 0, numel(piece) if writes else 0
 
     def explain(self, old, new, axis_label: str) -> str:
         if isinstance(old, Broadcast):
