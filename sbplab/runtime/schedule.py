@@ -41,47 +41,61 @@ def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
             ch = channel_of(r, a)
             members[ch] = a.group if ch[0] == "group" else ch[1:]  # type: ignore[attr-defined]
     waiting: dict[tuple, dict[int, tuple[int, int]]] = {}  # match key -> {rank: (node, k)} ready there
-    marked: set[tuple[int, int, int]] = set()
     busy_until = {r: 0 for r in graphs}
     events: list[tuple[int, int, int, int, int]] = []  # (time, tiebreak, rank, node, k)
     tie = itertools.count()
     order: list[CommSlot] = []
+    # Only actors whose counters changed can change their answer to ``can_fire`` (the rule is
+    # monotone), so each tick re-checks those alone: linear in firings, not firings x actors.
+    dirty = {r: set(range(len(g.nodes))) for r, g in graphs.items()}
+    ready: dict[int, list[tuple]] = {r: [] for r in graphs}  # heap of (priority, actor): compute that can fire
+    queued: dict[int, set[int]] = {r: set() for r in graphs}  # actors in ``ready``
+    posted: set[tuple[int, int, int]] = set()  # (rank, node, firing) already waiting for its peers
     t = 0
     while not all(g.finished() for g in graphs.values()):
         complete: list[tuple] = []
         for r, g in graphs.items():
-            for i, n in enumerate(g.nodes):
-                if n.actor.lane != "comm" or (r, i, n.started) in marked or not g.can_fire(i):
+            for i in sorted(dirty[r]):
+                n = g.nodes[i]
+                if n.actor.lane != "comm":
+                    if i not in queued[r] and g.can_fire(i):  # its priority holds until it starts
+                        queued[r].add(i)
+                        heapq.heappush(ready[r], (_priority(g, i), i))
                     continue
-                marked.add((r, i, n.started))
+                if (r, i, n.started) in posted or not g.can_fire(i):
+                    continue
+                posted.add((r, i, n.started))
                 m = g.micro_of(n, n.started) if n.actor.scope == "micro" else -1
                 key = match_key(r, n.actor, m)
                 parts = waiting.setdefault(key, {})
                 parts[r] = (i, n.started)
                 if len(parts) == len(members[channel_of(r, n.actor)]):
                     complete.append((_priority(g, i), key))
+            dirty[r].clear()
         for _, key in sorted(complete):  # every member issues it now, so channels stay in step
             for r, (i, k) in sorted(waiting.pop(key).items()):
                 g = graphs[r]
                 g.start(i)
+                dirty[r].add(i)
+                posted.discard((r, i, k))
                 a = g.nodes[i].actor
                 if g.step_of(g.nodes[i], k) == 0:
                     order.append(CommSlot(r, a.name, g.micro_of(g.nodes[i], k) if a.scope == "micro" else -1))
                 heapq.heappush(events, (t + 1, next(tie), r, i, k))
         for r, g in graphs.items():
-            if busy_until[r] <= t:
-                cands = [i for i, n in enumerate(g.nodes) if n.actor.lane != "comm" and g.can_fire(i)]
-                if cands:
-                    i = min(cands, key=lambda i: _priority(g, i))
-                    k = g.start(i)
-                    busy_until[r] = t + 1
-                    heapq.heappush(events, (t + 1, next(tie), r, i, k))
+            if busy_until[r] <= t and ready[r]:
+                i = heapq.heappop(ready[r])[1]
+                queued[r].discard(i)
+                k = g.start(i)
+                dirty[r].add(i)
+                busy_until[r] = t + 1
+                heapq.heappush(events, (t + 1, next(tie), r, i, k))
         if not events:
             raise PlanError(_deadlock_report(plan, graphs, waiting))
         t = events[0][0]
         while events and events[0][0] == t:
             _, _, r, i, k = heapq.heappop(events)
-            graphs[r].finish(i, k)
+            dirty[r].update(graphs[r].finish(i, k))
     return tuple(order)
 
 
