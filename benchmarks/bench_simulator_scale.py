@@ -34,9 +34,9 @@ def strategies(n: int, micro: int):
     if n == 64:
         return [("dp_tp 8x8", presets.dp_tp((8, 8))),
                 ("pipeline 4 x dp_tp 4x4", presets.pipeline(4, micro, (4, 4), inner="dp_tp"))]
-    side = int(round(n ** 0.5))
-    return [(f"pipeline 8 x dp_tp {side // 4}x{side // 2}",
-             presets.pipeline(8, micro, (side // 4, side // 2), inner="dp_tp"))]
+    if n == 512:
+        return [("pipeline 8 x dp_tp 8x8", presets.pipeline(8, micro, (8, 8), inner="dp_tp"))]
+    raise ValueError(f"no strategies for {n} devices; pick 1, 8, 64 or 512")
 
 
 def main() -> None:

@@ -18,12 +18,15 @@ from .compiler import (
     AdamW,
     Compiled,
     GraphBuilder,
+    HintError,
     Strategy,
     compile,
     compile_graph,
     from_torch,
     presets,
 )
+from .compiler.reference import compare as compare_with_torch
+from .compiler.reference import torch_steps
 from .eager import (
     GlobalTensor,
     SignatureError,
@@ -34,10 +37,11 @@ from .eager import (
     set_default_hardware,
     tensor,
 )
+from .errors import SbplabError
 from .hardware import Hardware
 from .layout import assemble, balanced_sizes, local_block, local_shape, random_shards, shard, split_range
 from .placement import Placement
-from .runtime import LocalCluster
+from .runtime import LocalCluster, Trace
 from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
 from .search import search
 from .sim import simulate
@@ -50,9 +54,25 @@ __all__ = [
     # eager global tensors and boxing
     "BoxingPlan", "Hardware", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",
     "from_local", "plan_boxing", "set_default_hardware", "tensor", "ops",
+    # errors: every error sbplab raises on purpose is an SbplabError
+    "SbplabError",
     # compiler
-    "Adam", "AdamW", "Compiled", "GraphBuilder", "SGD", "Strategy", "compile", "compile_graph",
+    "Adam", "AdamW", "Compiled", "GraphBuilder", "HintError", "SGD", "Strategy", "compile", "compile_graph",
     "from_torch", "models", "presets",
+    # ground truth: the same steps in plain single-device PyTorch
+    "compare_with_torch", "torch_steps",
     # runtime and pictures
-    "LocalCluster", "compare_timelines", "layout_picture", "search", "simulate", "timeline", "type_string",
+    "LocalCluster", "Trace", "compare_timelines", "layout_picture", "search", "simulate", "timeline",
+    "type_string",
+    # other systems' words (loaded on first use)
+    "to_dtensor",
 ]
+
+
+def __getattr__(name: str):
+    """``sl.to_dtensor`` loads ``sbplab.export`` on first use: ``import sbplab`` stays without it."""
+    if name == "to_dtensor":
+        from .export import to_dtensor
+
+        return to_dtensor
+    raise AttributeError(f"module 'sbplab' has no attribute {name!r}")

@@ -24,6 +24,8 @@ from functools import cached_property
 
 import torch
 
+from .errors import InputError
+
 OpKey = tuple[str, tuple[tuple[int, ...], ...], str, str]  # (op, local input shapes, dtype, device type)
 
 
@@ -50,12 +52,12 @@ class CommFit:
 
 def _positive(name: str, v: float) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-        raise ValueError(f"Hardware.{name} must be a positive number, got {v!r}")
+        raise InputError(f"Hardware.{name} must be a positive number, got {v!r}")
 
 
 def _non_negative(name: str, v: float) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-        raise ValueError(f"Hardware.{name} must be a number >= 0, got {v!r}")
+        raise InputError(f"Hardware.{name} must be a number >= 0, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,9 @@ class Hardware:
         object.__setattr__(self, "axis_bandwidth", tuple(self.axis_bandwidth))
         object.__setattr__(self, "axis_latency", tuple(self.axis_latency))
         if not self.axis_bandwidth:
-            raise ValueError("Hardware.axis_bandwidth needs at least one entry (mesh axis 0)")
+            raise InputError("Hardware.axis_bandwidth needs at least one entry (mesh axis 0)")
         if len(self.axis_bandwidth) != len(self.axis_latency):
-            raise ValueError(
+            raise InputError(
                 f"Hardware {self.name!r}: axis_bandwidth has {len(self.axis_bandwidth)} entries but "
                 f"axis_latency has {len(self.axis_latency)}; give one of each per mesh axis"
             )
@@ -96,7 +98,7 @@ class Hardware:
         if self.flops_bf16 is not None:
             _positive("flops_bf16", self.flops_bf16)
         if self.cores is not None and (not isinstance(self.cores, int) or self.cores < 1):
-            raise ValueError(f"Hardware.cores must be an int >= 1 or None, got {self.cores!r}")
+            raise InputError(f"Hardware.cores must be an int >= 1 or None, got {self.cores!r}")
         _non_negative("firing_overhead", self.firing_overhead)
         object.__setattr__(self, "op_times", tuple(self.op_times))
         object.__setattr__(self, "comm_fits", tuple(self.comm_fits))
@@ -105,7 +107,7 @@ class Hardware:
     def link(self, axis: int) -> tuple[float, float]:
         """(bandwidth bytes/s, latency s) of mesh ``axis``; a hardware with fewer axes repeats its last."""
         if axis < 0:
-            raise ValueError(f"mesh axis must be >= 0, got {axis}")
+            raise InputError(f"mesh axis must be >= 0, got {axis}")
         i = min(axis, len(self.axis_bandwidth) - 1)
         return self.axis_bandwidth[i], self.axis_latency[i]
 
@@ -221,7 +223,7 @@ class Hardware:
         stage-to-stage moves are assumed to cross nodes.
         """
         if not isinstance(nodes, int) or nodes < 1:
-            raise ValueError(f"Hardware.h100_ib needs nodes >= 1, got {nodes!r}")
+            raise InputError(f"Hardware.h100_ib needs nodes >= 1, got {nodes!r}")
         return cls(name=f"h100_ib_{nodes}nodes", axis_bandwidth=(50e9, 450e9), axis_latency=(5e-6, 3e-6),
                    p2p_bandwidth=50e9, p2p_latency=5e-6, flops=60e12, mem_bandwidth=3.35e12,
                    flops_bf16=990e12)

@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .errors import InputError, SbplabError
 from .placement import Placement
-from .sbp import Broadcast, NdSbp, Partial, Split, fmt_sbp
+from .sbp import Broadcast, NdSbp, Partial, SbpParallel, Split, as_nd_sbp, fmt_sbp
 
 Block = tuple[tuple[int, int], ...]  # per tensor dim: [start, stop)
 
@@ -26,28 +27,49 @@ def numel(shape: Sequence[int]) -> int:
 
 def balanced_sizes(n: int, parts: int) -> list[int]:
     """OneFlow's balanced splitter: the first ``n % parts`` parts get one element more."""
+    if parts < 1 or n < 0:
+        raise InputError(f"balanced_sizes: {n} elements into {parts} parts; needs n >= 0 and parts >= 1")
     q, r = divmod(n, parts)
     return [q + 1 if i < r else q for i in range(parts)]
 
 
 def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
     """[start, stop) of piece ``index`` when ``n`` elements are split into ``parts``."""
+    if not 0 <= index < parts:
+        raise InputError(f"split_range: piece {index} of {parts}; needs 0 <= index < parts")
     q, r = divmod(n, parts)
     start = index * q + min(index, r)
     return start, start + q + (1 if index < r else 0)
 
 
-class LayoutError(ValueError):
+class LayoutError(SbplabError, ValueError):
     """A tensor cannot have this SBP on this placement (e.g. a dim smaller than its parts)."""
 
 
+def partial_ok(x: SbpParallel, dtype: torch.dtype) -> bool:
+    """Whether a tensor of ``dtype`` can hold ``x``'s partial values: bool tensors cannot be partial
+    (a sum of bools is not a bool, and torch's "max" of bools is an or that no collective runs);
+    complex ones have P but no P(max)/P(min) (complex numbers are not ordered)."""
+    if not isinstance(x, Partial):
+        return True
+    if dtype == torch.bool:
+        return False
+    return x.op == "sum" or not dtype.is_complex
+
+
 def check_layout(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp,
-                 what: str = "tensor") -> None:
-    """Raise a LayoutError naming ``what`` if some split leaves a rank with an empty piece."""
+                 what: str = "tensor", dtype: torch.dtype | None = None) -> None:
+    """Raise a LayoutError naming ``what`` if some split leaves a rank with an empty piece (or, given
+    ``dtype``, if the tensor cannot hold a partial of that kind)."""
     if len(nd_sbp) != placement.ndim:
         raise LayoutError(
             f"{what}: SBP {fmt_sbp(nd_sbp)} has {len(nd_sbp)} entries for a {placement.ndim}-D mesh"
         )
+    bad = next((x for x in nd_sbp if dtype is not None and not partial_ok(x, dtype)), None)
+    if bad is not None:
+        why = "a bool tensor cannot be partial (convert it to an int dtype first)" if dtype == torch.bool else \
+            f"{str(dtype).removeprefix('torch.')} values are not ordered, so they have no {bad!r} (P is fine)"
+        raise LayoutError(f"{what}: SBP {fmt_sbp(nd_sbp)} has {bad!r}, but {why}; use B or S(i) instead")
     sizes = list(shape)
     # the smallest piece a dim reaches is the last piece at every level; balanced splits keep
     # every piece >= floor(n/p), so checking the floor chain is exact.
@@ -70,6 +92,8 @@ def check_layout(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp,
 
 def local_block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> Block:
     """The global index ranges rank ``rank`` holds (mesh axis 0 splits first)."""
+    if type(nd_sbp) is not tuple or len(nd_sbp) != placement.ndim:  # text, lists, a wrong length: checked
+        nd_sbp = as_nd_sbp(nd_sbp, placement.ndim, len(shape), what="local_block")
     coords = placement.coords(rank)
     block = [(0, n) for n in shape]
     for axis, x in enumerate(nd_sbp):
@@ -108,7 +132,8 @@ def holds_value(placement: Placement, nd_sbp: NdSbp, rank: int) -> bool:
 
 def shard(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp, what: str = "tensor") -> dict[int, torch.Tensor]:
     """Cut a full value into one local tensor per rank (P: rank 0 keeps it, the others get zeros)."""
-    check_layout(full.shape, placement, nd_sbp, what)
+    nd_sbp = as_nd_sbp(nd_sbp, placement.ndim, full.ndim, what)
+    check_layout(full.shape, placement, nd_sbp, what, full.dtype)
     out: dict[int, torch.Tensor] = {}
     for rank in placement.rank_list:
         piece = full[block_slices(local_block(full.shape, placement, nd_sbp, rank))].clone()
@@ -136,6 +161,11 @@ def assemble(shards: Mapping[int, torch.Tensor], placement: Placement, nd_sbp: N
     Works from the last mesh axis back to the first, so each level rebuilds the piece its parent
     axis left, which is exactly the nested meaning of n-D SBP.
     """
+    if type(nd_sbp) is not tuple or len(nd_sbp) != placement.ndim:
+        nd_sbp = as_nd_sbp(nd_sbp, placement.ndim, what="assemble")
+    if len(shards) != placement.size or any(r not in shards for r in placement.rank_list):
+        raise InputError(f"assemble needs one shard per rank of {placement}: ranks {list(placement.rank_list)}, "
+                         f"got {list(shards)}")
     level: dict[tuple[int, ...], torch.Tensor] = {placement.coords(r): t for r, t in shards.items()}
     for axis in reversed(range(placement.ndim)):
         x = nd_sbp[axis]
@@ -160,6 +190,8 @@ def random_shards(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp,
     order of n-D SBP (mesh axis 0 first), copies identical along broadcast axes, each element of a
     max/min won by a random rank. The noise is integer-valued, so sums stay exact.
     """
+    nd_sbp = as_nd_sbp(nd_sbp, placement.ndim, full.ndim, what="random_shards")
+    check_layout(full.shape, placement, nd_sbp, "random_shards", full.dtype)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
 
     def noise(like: torch.Tensor, low: int, high: int) -> torch.Tensor:

@@ -12,6 +12,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .errors import InputError, InputKeyError, InputTypeError
+
 DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -20,7 +22,7 @@ def _nested_tuple(x) -> tuple | int:
         return tuple(_nested_tuple(y) for y in x)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return int(x)
-    raise TypeError(f"placement ranks must be ints or nested lists of ints, got {x!r}")
+    raise InputTypeError(f"placement ranks must be ints or nested lists of ints, got {x!r}")
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,11 @@ class Placement:
 
     def __post_init__(self) -> None:
         if self.device_type not in DEVICE_TYPES:
-            raise ValueError(f"device_type must be one of {DEVICE_TYPES}, got {self.device_type!r}")
+            raise InputError(f"device_type must be one of {DEVICE_TYPES}, got {self.device_type!r}")
         ranks = self.ranks
         if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool):
             if ranks < 1:
-                raise ValueError(f"a placement needs at least one rank, got {ranks}")
+                raise InputError(f"a placement needs at least one rank, got {ranks}")
             ranks = list(range(int(ranks)))
         nested = _nested_tuple(ranks)
         if isinstance(nested, int):
@@ -49,26 +51,26 @@ class Placement:
         try:
             mesh = np.array(nested, dtype=np.int64)
         except ValueError as e:  # ragged nesting
-            raise ValueError(f"placement ranks {ranks!r} are not a rectangular mesh") from e
+            raise InputError(f"placement ranks {ranks!r} are not a rectangular mesh") from e
         if mesh.size == 0:
-            raise ValueError("a placement needs at least one rank")
+            raise InputError("a placement needs at least one rank")
         if mesh.dtype != np.int64 or mesh.ndim == 0:
-            raise ValueError(f"placement ranks {ranks!r} are not a rectangular mesh of ints")
+            raise InputError(f"placement ranks {ranks!r} are not a rectangular mesh of ints")
         flat = mesh.reshape(-1).tolist()
         if len(set(flat)) != len(flat):
             dup = sorted({r for r in flat if flat.count(r) > 1})
-            raise ValueError(f"placement ranks must be distinct; repeated: {dup}")
+            raise InputError(f"placement ranks must be distinct; repeated: {dup}")
         if min(flat) < 0:
-            raise ValueError(f"placement ranks must be >= 0, got {min(flat)}")
+            raise InputError(f"placement ranks must be >= 0, got {min(flat)}")
         object.__setattr__(self, "ranks", _nested_tuple(mesh.tolist()))
         if self.axis_names is not None:
             names = tuple(self.axis_names)
             if len(names) != mesh.ndim:
-                raise ValueError(
+                raise InputError(
                     f"axis_names {names} has {len(names)} names but the mesh has {mesh.ndim} axes"
                 )
             if len(set(names)) != len(names):
-                raise ValueError(f"axis_names must be distinct, got {names}")
+                raise InputError(f"axis_names must be distinct, got {names}")
             object.__setattr__(self, "axis_names", names)
 
     # --- shape of the mesh -------------------------------------------------------------------
@@ -103,7 +105,7 @@ class Placement:
         try:
             return self._coords[rank]
         except KeyError:
-            raise KeyError(f"rank {rank} is not in placement {self}") from None
+            raise InputKeyError(f"rank {rank} is not in placement {self}") from None
 
     def rank_at(self, coords: Sequence[int]) -> int:
         return int(self.mesh[tuple(coords)])
@@ -111,10 +113,10 @@ class Placement:
     def axis_index(self, axis: int | str) -> int:
         if isinstance(axis, str):
             if not self.axis_names or axis not in self.axis_names:
-                raise ValueError(f"no mesh axis named {axis!r}; axes are {self.axis_names}")
+                raise InputError(f"no mesh axis named {axis!r}; axes are {self.axis_names}")
             return self.axis_names.index(axis)
         if not -self.ndim <= axis < self.ndim:
-            raise ValueError(f"mesh axis {axis} out of range for a {self.ndim}-D mesh")
+            raise InputError(f"mesh axis {axis} out of range for a {self.ndim}-D mesh")
         return axis % self.ndim
 
     def axis_label(self, axis: int) -> str:

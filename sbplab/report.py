@@ -2,8 +2,8 @@
 
 The page holds what a person reviewing a strategy wants side by side: the losses against plain
 PyTorch, the physical graph, the actor timeline, memory per device and the communication table.
-Plotly's script is inlined once so the file opens offline; the graph is SVG from Graphviz (or the
-DOT text where ``dot`` is missing).
+Plotly's script is inlined once so the file opens offline; the graph is SVG from Graphviz in a box that
+pans and zooms, its text never shrunk below a readable size (or the DOT text where ``dot`` is missing).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ table.losses { border-collapse: collapse; } table.losses td, table.losses th { p
   border-bottom: 1px solid #eee; text-align: right; font-family: monospace; }
 pre { background: #f7f7f7; padding: 8px; overflow-x: auto; font-size: 12px; }
 .ok { color: #1a7f37; font-weight: bold; } .bad { color: #c62828; font-weight: bold; }
-.graph { overflow: auto; max-height: 900px; border: 1px solid #eee; }
+.graph { margin-top: 8px; }
 """
 
 
@@ -63,7 +63,7 @@ def write_report(path: str | Path, compiled: Any, result: Any, check: LossCheck,
     """Write the report for ``compiled`` (a ``Compiled``) run as ``result`` (a ``RunResult``)."""
     path = Path(path)
     pic = physical_picture(compiled.physical, compiled.graph)
-    graph = (f"<div class='graph'>{pic.svg()}</div>" if dot_available()
+    graph = (f"<div class='graph'>{pic.html(max_height_px=900)}</div>" if dot_available()
              else f"<pre>{html.escape(pic.source)}</pre>")
     parts = [
         f"<h1>{html.escape(title)}</h1>",
@@ -71,7 +71,8 @@ def write_report(path: str | Path, compiled: Any, result: Any, check: LossCheck,
         "<h2>Losses</h2>", _losses_html(check),
         "<h2>Actor timeline</h2>",
         f"<pre>{html.escape(result.trace.summary())}</pre>",
-        _figure_html(timeline(result.trace, title="every actor firing, one row per rank and lane"), True),
+        _figure_html(timeline(result.trace, compiled=compiled,
+                              title="every actor firing: compute and communication lanes per rank"), True),
         "<h2>Memory per device</h2>", _figure_html(memory_chart(compiled.memory), False),
         "<h2>Communication</h2>", _figure_html(comm_chart(compiled.physical), False),
         f"<pre>{html.escape(comm_table(compiled.physical))}</pre>",

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .errors import InputTypeError, SbpError
+
 REDUCE_OPS = ("sum", "max", "min")
 
 
@@ -22,7 +24,7 @@ class Split:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dim, int) or isinstance(self.dim, bool):
-            raise TypeError(f"S(dim) needs an int dim, got {self.dim!r}")
+            raise InputTypeError(f"S(dim) needs an int dim, got {self.dim!r}")
 
     def __repr__(self) -> str:
         return f"S({self.dim})"
@@ -49,7 +51,7 @@ class Partial:
 
     def __post_init__(self) -> None:
         if self.op not in REDUCE_OPS:
-            raise ValueError(f"P(op) needs op in {REDUCE_OPS}, got {self.op!r}")
+            raise SbpError(f"P(op) needs op in {REDUCE_OPS}, got {self.op!r}")
 
     def __call__(self, op: str) -> Partial:
         return Partial(op)
@@ -73,10 +75,22 @@ def S(dim: int) -> Split:
 _TOKEN = re.compile(r"\s*(S\s*\(\s*(-?\d+)\s*\)|B|P\s*\(\s*(sum|max|min)\s*\)|P)\s*(,|$)")
 
 
+def _encloses(body: str) -> bool:
+    """``body`` is one parenthesised group: its first ``(`` closes at its last character."""
+    depth = 0
+    for i, ch in enumerate(body):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return i == len(body) - 1
+    return False
+
+
 def parse_sbp(text: str) -> NdSbp:
-    """Parse ``"S(0), B"`` or ``"(P, S(1))"`` into a tuple of SBPs."""
+    """Parse ``"S(0), B"`` or ``"(P, S(1))"`` into a tuple of SBPs; ``fmt_sbp``'s text parses back."""
+    if not isinstance(text, str):
+        raise InputTypeError(f"parse_sbp needs a string like 'S(0), B', got {type(text).__name__}")
     body = text.strip()
-    if body.startswith("(") and body.endswith(")") and not body.startswith("(S"):
+    if body.startswith("(") and _encloses(body):  # "(S(0), B)" as fmt_sbp prints it, not "(S(0))..."
         body = body[1:-1]
     if body.startswith("[") and body.endswith("]"):
         body = body[1:-1]
@@ -85,7 +99,7 @@ def parse_sbp(text: str) -> NdSbp:
     while pos < len(body):
         m = _TOKEN.match(body, pos)
         if not m or m.end() == pos:
-            raise ValueError(
+            raise SbpError(
                 f"cannot parse SBP {text!r} at {body[pos:]!r}; write entries like S(0), B, P, P(max)"
             )
         tok = m.group(1).replace(" ", "")
@@ -97,7 +111,7 @@ def parse_sbp(text: str) -> NdSbp:
             out.append(Partial(m.group(3) or "sum"))
         pos = m.end()
     if not out:
-        raise ValueError(f"empty SBP string {text!r}")
+        raise SbpError(f"empty SBP string {text!r}")
     return tuple(out)
 
 
@@ -112,16 +126,19 @@ def as_nd_sbp(sbp: str | SbpParallel | Iterable[SbpParallel], mesh_ndim: int,
         nd = parse_sbp(sbp)
     elif isinstance(sbp, (Split, Broadcast, Partial)):
         nd = (sbp,)
-    else:
+    elif isinstance(sbp, Iterable):
         nd = tuple(sbp)
+    else:
+        raise InputTypeError(f"{what}: sbp={sbp!r} is not an SBP; give one per mesh axis, like 'S(0), B' "
+                             f"or (sl.S(0), sl.B)")
+    for x in nd:
+        if not isinstance(x, (Split, Broadcast, Partial)):
+            raise InputTypeError(f"{what}: {x!r} is not an SBP; use sl.S(i), sl.B or sl.P")
     if len(nd) != mesh_ndim:
-        raise ValueError(
+        raise SbpError(
             f"{what}: SBP {fmt_sbp(nd)} has {len(nd)} entries but the placement's mesh has "
             f"{mesh_ndim} axes; give exactly one SBP per mesh axis"
         )
-    for x in nd:
-        if not isinstance(x, (Split, Broadcast, Partial)):
-            raise TypeError(f"{what}: {x!r} is not an SBP; use sl.S(i), sl.B or sl.P")
     if tensor_ndim is not None:
         nd = tuple(normalize_split(x, tensor_ndim, what) for x in nd)
     return nd
@@ -131,8 +148,10 @@ def normalize_split(x: SbpParallel, tensor_ndim: int, what: str = "tensor") -> S
     if not isinstance(x, Split):
         return x
     d = x.dim + tensor_ndim if x.dim < 0 else x.dim
+    if tensor_ndim == 0:
+        raise SbpError(f"{what}: {x!r} splits a 0-D tensor (a scalar), which has no dim to split; use B or P")
     if not 0 <= d < tensor_ndim:
-        raise ValueError(
+        raise SbpError(
             f"{what}: S({x.dim}) is out of range for a {tensor_ndim}-D tensor; "
             f"valid split dims are 0..{tensor_ndim - 1} (or -{tensor_ndim}..-1)"
         )
@@ -143,7 +162,10 @@ def fmt_sbp(nd: Sequence[SbpParallel] | SbpParallel) -> str:
     """``(S(0), B)`` for tuples, ``S(0)`` for a single entry."""
     if isinstance(nd, (Split, Broadcast, Partial)):
         return repr(nd)
-    return "(" + ", ".join(repr(x) for x in nd) + ")"
+    entries = tuple(nd) if isinstance(nd, Iterable) and not isinstance(nd, str) else (nd,)
+    if not all(isinstance(x, (Split, Broadcast, Partial)) for x in entries):
+        raise InputTypeError(f"fmt_sbp needs an SBP or a tuple of them (sl.S(i), sl.B, sl.P), got {nd!r}")
+    return "(" + ", ".join(repr(x) for x in entries) + ")"
 
 
 def is_partial(x: SbpParallel) -> bool:

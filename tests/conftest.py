@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +17,10 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# hypothesis: a small profile by default (each property file well under a minute here), and a large
+# one (>= 10,000 examples per test) for a long soak: SBPLAB_HYPOTHESIS_PROFILE=large pytest ...
+settings.register_profile("small", max_examples=40, deadline=None)
+settings.register_profile("large", max_examples=10_000, deadline=None)
+settings.load_profile(os.environ.get("SBPLAB_HYPOTHESIS_PROFILE", "small"))

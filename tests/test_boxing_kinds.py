@@ -292,7 +292,7 @@ def test_registering_a_kind_is_all_it_takes():
         from sbplab.viz.timeline import event_kind
 
         Collective("c", kind_="tree_all_reduce", group=(0, 1, 2), inputs=("x",))
-        assert event_kind({"args": {"op": "tree_all_reduce"}}) == "communication"
+        assert event_kind({"args": {"op": "tree_all_reduce"}}) == "collective"
     assert "tree_all_reduce" not in KINDS
     assert plan_boxing((6, 4), "P(max)", "B", pl).kinds == before.kinds
 

@@ -52,6 +52,10 @@ NOTEBOOKS = {
                      "(x,), y = m.example_batch(8)\n"
                      "e = StrategyEditor(m, (x,), y, m.loss_fn, preset='dp', mesh=(4,))\n"
                      "e"),
+    "search.ipynb": ("from sbplab.widgets import ModelBuilder, SearchPanel\n"
+                     "b = ModelBuilder('mlp', n_blocks=1)\n"
+                     "s = SearchPanel(b, hardware='cpu_box', devices=2, method='cd')\n"
+                     "s"),
     "all.ipynb": ("import sbplab as sl\n"
                   "from IPython.display import display\n"
                   "from sbplab.widgets import ModelBuilder, RunPanel, SbpPlayground, StrategyEditor\n"
@@ -211,6 +215,39 @@ def test_strategy_editor_applies_typed_values_on_enter(jupyter_lab):
         assert summary.inner_text() == applied  # the last valid result stays beside the error
         expect(page.get_by_test_id("memory-table").locator("tr")).not_to_have_count(0)
         assert page.get_by_test_id("physical-graph").inner_html() != ""
+
+
+def test_search_panel_searches_and_shows_the_table(jupyter_lab):
+    from playwright.sync_api import expect
+
+    with notebook_page(jupyter_lab, "search.ipynb", "search_panel.png", height=1400) as page:
+        button = page.get_by_test_id("search-button")
+        expect(button).to_be_enabled(timeout=90_000)
+        expect(page.get_by_test_id("result-table")).to_be_hidden()
+        devices = page.get_by_test_id("devices-input")
+        devices.fill("9")
+        devices.press("Enter")  # applied at once: more devices than the machine has
+        expect(page.get_by_test_id("error-message")).to_contain_text("9 devices do not fit", timeout=30_000)
+        devices.fill("2")
+        devices.press("Enter")
+        expect(page.get_by_test_id("error-message")).to_be_hidden(timeout=30_000)
+        button.click()
+        rows = page.get_by_test_id("result-table").locator("tr")
+        expect(rows.nth(1)).to_contain_text("searched (cd)", timeout=120_000)  # the searched strategy first
+        expect(rows).to_have_count(7)  # a header, the searched strategy and the 5 presets of 2 devices
+        expect(page.get_by_test_id("status")).to_contain_text("done in")
+        expect(page.get_by_test_id("explanation")).to_contain_text("best preset")
+        assert page.get_by_test_id("progress").evaluate("el => el.value") == 1
+        page.get_by_test_id("open-editor").click()  # the result in a StrategyEditor, drawn inside the panel
+        editor = page.get_by_test_id("editor-view")
+        expect(editor.get_by_test_id("summary")).to_contain_text("forward", timeout=90_000)
+        expect(page.get_by_test_id("editor-note")).to_contain_text("in the StrategyEditor")
+        weak = [r for r in page.locator(".sbplab-sp").first.evaluate(CONTRAST_JS) if r["ratio"] < 4.5]
+        assert not weak, weak[:8]
+        page.get_by_test_id("editor-note").evaluate("el => el.scrollIntoView({block: 'start'})")
+        page.screenshot(path=str(SCREENSHOT_DIR / "search_panel_editor.png"))
+        page.locator(".sbplab-sp").first.evaluate("el => el.scrollIntoView({block: 'start'})")  # inputs and table
+    assert (SCREENSHOT_DIR / "search_panel.png").stat().st_size > 10_000
 
 
 # WCAG relative luminance and contrast; colours are composited over what is behind them (alpha too)

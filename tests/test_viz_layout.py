@@ -108,7 +108,7 @@ def test_3d_mesh_and_3d_tensor_show_one_panel_per_slab():
     assert pic.slabs == [((0, 2),), ((2, 4),)]
     root = svg_tree(pic)
     labels = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "slab-label"]
-    assert labels == ["x[0:2, :, :]", "x[2:4, :, :]"]
+    assert labels == ["[0:2, :, :]", "[2:4, :, :]"]  # a bare shape has no name to put in front
     groups = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "group-label"]
     assert groups == ["axis0=0", "axis0=1"]
     held = {int(r.get("data-rank")): parse_block(r.get("data-block")) for r in rects(root, "held")}
@@ -180,3 +180,72 @@ def test_picture_blocks_partition_the_tensor(shape, mesh_shape, entries):
     for c in rects(root, "cell"):
         ranks = sorted(int(r) for r in re.split("[+,]", c.get("data-holders")))
         assert ranks == sorted(r for r, b in held.items() if b == parse_block(c.get("data-block")))
+
+
+def _fonts(root: ET.Element) -> list[float]:
+    return [float(t.get("font-size")) for t in root.iter(f"{NS}text")]
+
+
+def _label_fits(root: ET.Element) -> list[tuple[str, float, float]]:
+    """Per holder label line: (text, its width at the monospace advance, the width of its cell)."""
+    cells = rects(root, "cell")
+    out = []
+    for t in root.iter(f"{NS}text"):
+        if t.get("class") != "holders":
+            continue
+        x, y = float(t.get("x")), float(t.get("y"))
+        (cell,) = [c for c in cells if float(c.get("x")) <= x <= float(c.get("x")) + float(c.get("width"))
+                   and float(c.get("y")) <= y <= float(c.get("y")) + float(c.get("height"))]
+        out.append((t.text, len(t.text) * float(t.get("font-size")) * 0.62, float(cell.get("width"))))
+    return out
+
+
+def test_8x8_mesh_is_readable_and_grows_instead_of_shrinking_text():
+    mesh = sl.Placement("cpu", torch.arange(64).reshape(8, 8).tolist(), axis_names=("dp", "tp"))
+    for shape, sbp in (((64, 64), "S(0), S(1)"), ((8, 8), "B, P"), ((16, 8), "S(0), B")):
+        pic = layout_picture(shape, mesh, sbp)
+        root = svg_tree(pic)
+        assert min(_fonts(root)) >= 9
+        for text, need, room in _label_fits(root):
+            assert need <= room, (sbp, text)  # every holder label inside its block
+        subtitle = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "subtitle"][0]
+        assert "ranks 0..63" in subtitle and "[[0, 1" not in subtitle  # 64 ranks are not written out
+        assert float(root.get("width")) < 1000
+    # B, P: 8 partial sums of 8 addends each: one short line per sum, not one 180-character line
+    lines = [t.text for t in svg_tree(layout_picture((8, 8), mesh, "B, P")).iter(f"{NS}text")
+             if t.get("class") == "holders"]
+    assert lines == ["0+1+…+7,", "8+9+…+15,", "…", "56+57+…+63"]
+    # 32 ranks in a row: the tensor plane widens so each block still holds its rank number
+    row = sl.Placement("cpu", list(range(32)))
+    wide = svg_tree(layout_picture((4, 64), row, "S(1)"))
+    fits = _label_fits(wide)
+    assert len(fits) == 32 and all(need <= room for _, need, room in fits)
+    assert float(wide.get("width")) > 190 * 2  # grown, at 9 px and above
+    assert min(_fonts(wide)) >= 9
+
+
+def test_the_tensor_name_is_shown_when_it_has_one():
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    bare = layout_picture((8, 6), mesh, "S(0), B")
+    assert bare.name == "" and bare.summary().startswith("f32[8@axis0,6]")
+    named = layout_picture((8, 6), mesh, "S(0), B", name="w_qkv")
+    title = [t.text for t in svg_tree(named).iter(f"{NS}text") if t.get("class") == "title"][0]
+    assert title.startswith("w_qkv: f32[8@axis0,6]")
+    x = sl.tensor(torch.randn(8, 6), placement=mesh, sbp="S(0), B", name="act")
+    assert layout_picture(x).summary().startswith("act: ") and layout_picture(x, name="h").name == "h"
+    small = sl.tensor(torch.randn(2, 6), placement=mesh, sbp="S(0), B", name="act2")
+    with pytest.raises(LayoutError, match="^act2: dim 0"):  # errors name it too
+        layout_picture(small, sbp="S(0), S(0)")
+    with pytest.raises(LayoutError, match="^tensor: dim 0"):  # and say "tensor" when it has no name
+        layout_picture((2, 6), mesh, "S(0), S(0)")
+
+
+def test_notebook_view_never_shrinks_the_picture():
+    """JupyterLab caps an SVG in HTML output at the cell's width; the picture's own style keeps it at
+    its natural size (the box scrolls), so its 9 px text stays 9 px."""
+    mesh = sl.Placement("cpu", torch.arange(64).reshape(8, 8).tolist())
+    pic = layout_picture((64, 64), mesh, "S(0), S(1)", name="w")
+    html = pic._repr_html_()
+    width = float(svg_tree(pic).get("width"))
+    assert f"min-width:{width:.0f}px" in html and f"max-width:{width:.0f}px" in html
+    assert html.count("<svg") == 1 and "w: f32[64@axis0,64@axis1]" in html

@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
 pytest.importorskip("anywidget")
 
+from sbplab.compiler import compile, presets  # noqa: E402
 from sbplab.compiler.reference import torch_steps  # noqa: E402
+from sbplab.hardware import Hardware  # noqa: E402
+from sbplab.sim import simulate  # noqa: E402
 from sbplab.viz import timeline_bars  # noqa: E402
 from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
@@ -109,10 +114,63 @@ def test_a_compiled_step_can_be_run_without_an_editor(editor):
     assert p.passed and [r["torch"] for r in p.loss_rows] == _reference(editor, 2)[0]
 
 
+def _simulated(editor: StrategyEditor, strategy, hw: Hardware):
+    """``sl.simulate`` of the editor's model under ``strategy``, compiled without the editor."""
+    m = editor.model
+    c = compile(m.module, m.inputs, loss_fn=m.loss_fn, target=m.target, optimizer=editor.optimizer_def(),
+                strategy=strategy)
+    return simulate(c, hw)
+
+
+def _shows(p: RunPanel, pred) -> None:
+    assert p.predicted["step_ms"] == pytest.approx(pred.step_time * 1e3, rel=1e-9)
+    assert p.predicted["hardware"] == p.hardware_name == pred.hardware.name
+    assert {r["rank"]: r["peak"] for r in p.predicted["ranks"]} == pred.peak_memory
+
+
+def test_the_prediction_is_shown_before_a_run(editor):
+    p = RunPanel(editor, backend="in-process")
+    assert p.prediction is editor.prediction and p.hardware is editor.hardware  # taken, not simulated again
+    _shows(p, _simulated(editor, presets.data_parallel(2), Hardware.cpu_box()))
+    editor.preset = "tp"
+    assert p.prediction is editor.prediction and p.predicted == editor.predicted
+    _shows(p, _simulated(editor, presets.tensor_parallel(2), Hardware.cpu_box()))
+    h100 = Hardware.h100_node()
+    editor.hardware = h100  # a panel without a Hardware of its own follows the editor's
+    _shows(p, _simulated(editor, presets.tensor_parallel(2), h100))
+    assert p.prediction is editor.prediction
+    mine = RunPanel(editor, backend="in-process", hardware=Hardware.a100_node())
+    _shows(mine, _simulated(editor, presets.tensor_parallel(2), Hardware.a100_node()))
+    editor.preset = "dp"
+    _shows(mine, _simulated(editor, presets.data_parallel(2), Hardware.a100_node()))
+    assert mine.prediction is not editor.prediction and mine.prediction.plan is editor.compiled.plan()
+    mine.run()
+    assert mine.passed and mine.measured == {} and "keeps no trace" in mine.note  # nothing measured in-process
+    mine.hardware = None  # back to the editor's
+    assert mine.prediction is editor.prediction and mine.hardware_name == "h100_node"
+    with pytest.raises(TypeError, match="hardware must be an sl.Hardware .* got str"):
+        RunPanel(editor, hardware="cpu")
+
+
+def test_without_the_editors_prediction_the_run_predicts(editor):
+    editor.auto_predict = False
+    p = RunPanel(editor, backend="in-process")  # made now: it simulates on its own
+    _shows(p, _simulated(editor, presets.data_parallel(2), Hardware.cpu_box()))
+    editor.preset = "zero2"
+    assert p.predicted == {} and p.prediction is None and editor.prediction is None
+    p.run()
+    assert p.passed
+    _shows(p, _simulated(editor, presets.zero(2, shard_params=False), Hardware.cpu_box()))
+    c = editor.compiled
+    q = RunPanel(c, editor.model, editor.optimizer_def(), backend="in-process", hardware=Hardware.h100_node())
+    _shows(q, simulate(c, Hardware.h100_node()))
+
+
 def test_page_state_and_testids():
     js = asset_path("run_panel.js").read_text()
     for tid in ("steps-input", "backend-select", "run-button", "progress", "status", "loss-table", "timeline",
-                "check", "error-message"):
+                "check", "error-message", "prediction", "prediction-table", "predict-error", "measured",
+                "compare-table"):
         assert f'"{tid}"' in js
     assert ".rp-verdict.ok" in asset_path("run_panel.css").read_text()
 
@@ -134,6 +192,19 @@ def test_workers_run_then_timeline_and_check(editor):
         assert p.result.losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
         for name, value in ref_params.items():
             assert torch.allclose(p.result.params[name].full(), value, atol=1e-5), name
+        # the measured step time beside the prediction of exactly the plan that ran
+        steps = p.result.step_times
+        assert p.prediction.plan is editor.compiled.plan()
+        assert p.measured["steps_ms"] == pytest.approx([s * 1e3 for s in steps]) and len(steps) == 2
+        assert p.measured["step_ms"] == pytest.approx(steps[1] * 1e3)  # the median of the steps after the first
+        assert p.measured["predicted_ms"] == pytest.approx(p.predicted["step_ms"])
+        assert p.measured["error"] == pytest.approx(p.prediction.step_time / steps[1] - 1)
+        assert p.compare_text.startswith("step time: predicted")
+
+        def firings(trace):  # the prediction simulates 3 steps: the run's 2 have the same firings
+            return Counter((e.rank, e.actor, e.lane, e.step, e.micro) for e in trace.events if e.step < 2)
+
+        assert firings(p.prediction.trace) == firings(p.result.trace)
         bars = timeline_bars(p.result.trace)
         assert p.firings == len(bars) > 0 and p.timeline_svg.count('class="firing"') == len(bars)
         assert {b.rank for b in bars} == {0, 1} and "starting workers" in p.stage_ms
@@ -142,7 +213,29 @@ def test_workers_run_then_timeline_and_check(editor):
         assert p.stale
         p.run()
         assert p.passed and not p.stale and p.cluster.pids == pids and "starting workers" not in p.stage_ms
+        assert p.measured["predicted_ms"] == pytest.approx(editor.predicted["step_ms"])  # tp's, not dp's
         assert p.timeline_figure().data  # the plotly timeline of the same trace
     finally:
         p.close()
     assert p.cluster is None
+
+
+def test_a_step_too_big_for_the_editor_is_predicted_when_it_runs(editor):
+    editor.predict_limit = 10  # far fewer op instances than the step has
+    editor.preset = "tp"
+    assert editor.predicted == {} and "press predict" in editor.predict_note
+    p = RunPanel(editor, backend="in-process")
+    assert p.predicted == {} and p.prediction is None  # not paid for on construction either
+    p.run()
+    assert p.passed
+    _shows(p, _simulated(editor, presets.tensor_parallel(2), Hardware.cpu_box()))
+    editor.predict()  # the editor's predict button: the panel takes that prediction
+    assert editor.prediction is not None and p.predicted == editor.predicted
+
+
+def test_a_closed_panel_stops_following_the_editor(editor):
+    p = RunPanel(editor, backend="in-process", hardware=Hardware.h100_node())
+    shown = p.predicted
+    p.close()
+    editor.preset = "tp"  # the editor predicts tp; a closed panel neither simulates it nor shows it
+    assert editor.predicted_version == editor.version and p.predicted == shown and p.strategy_name == "data parallel x2"

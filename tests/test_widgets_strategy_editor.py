@@ -14,6 +14,8 @@ from sbplab.compiler import SGD, compile, deduce, presets  # noqa: E402
 from sbplab.compiler.deduction.ranking import options  # noqa: E402
 from sbplab.compiler.deduction.signature_hints import escape  # noqa: E402
 from sbplab.compiler.reference import torch_steps  # noqa: E402
+from sbplab.hardware import Hardware  # noqa: E402
+from sbplab.sim import simulate  # noqa: E402
 from sbplab.viz import physical_dot  # noqa: E402
 from sbplab.widgets import ModelBuilder, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
@@ -232,7 +234,7 @@ def test_graph_controls(builder):
     assert "op 'missing' is not in the graph" in e.error
 
 
-def test_the_graph_picture_is_sent_after_the_numbers(builder):
+def test_the_graph_picture_then_the_prediction_are_sent_after_the_numbers(builder):
     e = StrategyEditor(builder, preset="dp", mesh="2")
     sent: list[set[str]] = []
     send = e.send_state
@@ -244,9 +246,12 @@ def test_the_graph_picture_is_sent_after_the_numbers(builder):
     assert e.error == "" and e.dot != dot_before
     numbers = next(i for i, k in enumerate(sent) if "summary" in k)
     picture = next(i for i, k in enumerate(sent) if k & {"graph_svg", "graph_text", "graph_note"})
-    assert numbers < picture and not sent[numbers] & {"graph_svg", "graph_text"} and {"ops", "candidates"} <= sent[numbers]
+    predicted = next(i for i, k in enumerate(sent) if "predicted" in k)
+    assert numbers < picture < predicted and not sent[numbers] & {"graph_svg", "graph_text"} and {"ops", "candidates"} <= sent[numbers]
+    assert not (sent[numbers] | sent[picture]) & {"predicted", "predicted_version"}
     ms = e.timings_ms
-    assert ms["total"] == pytest.approx(ms["shown"] + ms["svg"], abs=0.02)
+    assert ms["total"] == pytest.approx(ms["shown"] + ms["svg"] + ms["predict"], abs=0.05)
+    assert ms["predict"] >= ms["plan"] and ms["predict"] >= ms["simulate"]
     v = e.version
     e.graph_kind = "logical"  # a view change draws at once and keeps the recompute's timings
     assert e.dot.startswith('digraph "logical"') and e.version == v and e.timings_ms == ms
@@ -270,10 +275,100 @@ def test_follows_the_model_builder_and_the_page():
     assert e.strategy_name == "ZeRO-3 x2" and "summary" in e.get_state()
     js = asset_path("strategy_editor.js").read_text()
     for tid in ("preset-select", "mesh-input", "ops-table", "signature-list", "op-explain", "physical-graph",
-                "memory-chart", "comm-chart", "error-message", "hint-add", "graph-ranks"):
+                "memory-chart", "comm-chart", "error-message", "hint-add", "graph-ranks", "prediction",
+                "prediction-table", "auto-predict", "predict-button", "predict-error", "predict-note"):
         assert f'"{tid}"' in js
     assert "`op-row-${op.name}`" in js and "`signature-${i}`" in js
     assert ".sig-choice" in asset_path("strategy_editor.css").read_text()
     assert "button.selected" in asset_path("base.css").read_text()  # a chosen signature, as every pressed button
     with pytest.raises(TypeError, match="needs an example batch"):
         StrategyEditor(b.module)
+
+
+# --- the simulator's prediction -------------------------------------------------------------------------
+def _simulated(builder, strategy, hw):
+    """``sl.simulate`` of the same step compiled without the editor."""
+    m = builder.model
+    c = compile(m.module, m.inputs, loss_fn=m.loss_fn, target=m.target, optimizer=SGD(lr=0.1), strategy=strategy)
+    return simulate(c, hw)
+
+
+def _shows(e: StrategyEditor, pred) -> None:
+    p = e.predicted
+    assert p["step_ms"] == pytest.approx(pred.step_time * 1e3, rel=1e-9) and p["hardware"] == pred.hardware.name
+    assert [r["rank"] for r in p["ranks"]] == sorted(pred.peak_memory)
+    for row in p["ranks"]:
+        r = row["rank"]
+        assert row["peak"] == pred.peak_memory[r] == sum(row["memory"].values())
+        assert row["memory"] == pred.memory_breakdown[r]
+        assert row["compute_ms"] + row["comm_ms"] + row["idle_ms"] == pytest.approx(p["step_ms"], rel=1e-6)
+
+
+def test_the_prediction_is_the_simulators_and_follows_the_settings(builder):
+    e = StrategyEditor(builder, preset="dp_tp", mesh="2, 2")
+    assert e.error == "" and e.predict_error == "" and e.hardware_name == "cpu_box"
+    assert e.predicted_version == e.version and e.prediction.plan is e.compiled.plan()
+    _shows(e, _simulated(builder, presets.dp_tp((2, 2)), Hardware.cpu_box()))
+    e.configure(preset="dp", mesh_text="2")
+    _shows(e, _simulated(builder, presets.data_parallel(2), Hardware.cpu_box()))
+    dp = e.predicted
+    e.preset = "tp"
+    assert e.predicted_version == e.version
+    _shows(e, _simulated(builder, presets.tensor_parallel(2), Hardware.cpu_box()))
+    # Megatron splits the blocks' weights over the 2 ranks that DP copies them to
+    assert all(t["memory"]["parameters"] < d["memory"]["parameters"] for t, d in zip(e.predicted["ranks"], dp["ranks"]))
+    spec = e.predicted
+    h100 = Hardware.h100_node()
+    v, n = e.version, e.predictions
+    e.hardware = h100  # a what-if: the same step on another machine, without recompiling
+    assert e.version == v and e.predictions == n + 1 and e.hardware_name == "h100_node"
+    _shows(e, _simulated(builder, presets.tensor_parallel(2), h100))
+    assert e.predicted["step_ms"] < spec["step_ms"] and e.predicted["ranks"][0]["peak"] == spec["ranks"][0]["peak"]
+    with pytest.raises(TypeError, match="hardware must be an sl.Hardware .* got str"):
+        e.hardware = "h100"
+    with pytest.raises(TypeError, match="hardware must be an sl.Hardware"):
+        StrategyEditor(builder, hardware=8)
+
+
+def test_a_bad_setting_keeps_the_last_prediction_beside_the_error(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2")
+    shown, v = e.predicted, e.predicted_version
+    e.mesh_text = "2, x"
+    assert e.error and e.compiled is None and e.prediction is None and e.predict() is None
+    assert e.predicted == shown and e.predicted_version == v  # stale, drawn as for the previous settings
+    e.mesh_text = "4"
+    assert e.predicted_version == e.version and len(e.predicted["ranks"]) == 4
+
+
+def test_prediction_on_request_only(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2", auto_predict=False)
+    assert e.predicted == {} and e.prediction is None and "predict" not in e.timings_ms
+    e.set_state({"predict_requests": 1})  # the page's predict button
+    assert e.predicted_version == e.version and e.prediction is not None
+    _shows(e, _simulated(builder, presets.data_parallel(2), Hardware.cpu_box()))
+    e.preset = "zero2"
+    assert e.predicted == {} and e.prediction is None  # nothing predicted for the new settings yet
+    pred = e.predict()
+    assert pred is e.prediction and e.predicted_version == e.version
+    e.auto_predict = True
+    e.preset = "dp"
+    assert e.predicted_version == e.version and e.prediction.plan is e.compiled.plan()
+
+
+def test_a_step_over_the_limit_is_predicted_on_request(builder):
+    e = StrategyEditor(builder, preset="dp", mesh="2")
+    n = len(e.compiled.physical.nodes)
+    assert e.predict_note == "" and e.predicted_version == e.version and n > 10
+    e.predict_limit = 10  # a limit alone changes nothing that is already predicted
+    assert e.predicted_version == e.version and f"{n} op instances are more than predict_limit (10)" in e.predict_note
+    e.preset = "tp"
+    assert e.predicted == {} and e.prediction is None and "press predict" in e.predict_note
+    assert "predict" not in e.timings_ms  # the recompute did not pay for it
+    e.set_state({"predict_requests": 1})
+    _shows(e, _simulated(builder, presets.tensor_parallel(2), Hardware.cpu_box()))
+    e.hardware = Hardware.h100_node()  # asked for once: follows the Hardware without asking again
+    _shows(e, _simulated(builder, presets.tensor_parallel(2), Hardware.h100_node()))
+    e.predict_limit = 0  # no limit
+    assert e.predict_note == ""
+    e.preset = "dp"
+    assert e.predicted_version == e.version and "predict" in e.timings_ms

@@ -1,12 +1,12 @@
-// RunPanel front end: steps and backend in, a run button; progress, losses side by side and the
-// timeline out. The run itself happens in Python (sbplab.widgets.run_panel); this file renders state.
+// RunPanel front end: steps and backend in, a run button; the simulator's prediction, progress, losses
+// side by side, the measured step time against the prediction and the timeline out. The run itself happens in Python (sbplab.widgets.run_panel); this file renders state.
 // Elements carry stable data-testid attributes for a browser test.
 
 const DERIVED = [
   "steps", "backend", "backends", "strategy_name", "ranks", "stale", "status", "progress", "steps_done",
   "run_losses", "stage_ms", "loss_rows",
   "loss_diff", "param_diff", "worst_param", "passed", "timeline_svg", "makespan_us", "firings", "wall_s", "note",
-  "error", "tol",
+  "error", "tol", "hardware_name", "predicted", "predict_error", "measured", "compare_text",
 ];
 
 // The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
@@ -26,6 +26,8 @@ function field(label, control) {
 }
 
 const sci = (x) => (x === 0 ? "0" : x.toExponential(2));
+const fmtMs = (ms) => (ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toPrecision(3)} ms`);
+const pct = (e) => `${e >= 0 ? "+" : ""}${(e * 100).toFixed(0)}%`;
 
 function render({ model, el }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
@@ -38,6 +40,13 @@ function render({ model, el }) {
   const runBtn = h("button", { type: "button", class: "rp-run", "data-testid": "run-button", text: "run" });
   runBtn.addEventListener("click", () => commit("run_requests", model.get("run_requests") + 1));
   const what = h("div", { class: "rp-what", "data-testid": "strategy" });
+  const predicted = h("div", { class: "rp-predicted", "data-testid": "prediction" });
+  const predTable = h("table", { class: "rp-pred-table", "data-testid": "prediction-table" });
+  const predError = h("div", { class: "rp-error sbplab-error", "data-testid": "predict-error", role: "alert" });
+  const measured = h("div", { class: "rp-measured", "data-testid": "measured" });
+  const compareText = h("pre", { class: "rp-compare", "data-testid": "compare-table" });
+  const compareBox = h("details", {}, h("summary", { text: "predicted against measured, per rank, lane and kind" }),
+    compareText);
   const bar = h("progress", { max: "1", value: "0", "data-testid": "progress" });
   const status = h("span", { class: "rp-status sbplab-status", "data-testid": "status" });
   const error = h("div", { class: "rp-error sbplab-error", "data-testid": "error-message", role: "alert" });
@@ -48,8 +57,41 @@ function render({ model, el }) {
 
   el.append(
     h("div", { class: "rp-inputs" }, field("steps", stepsIn), field("run on", backendSel), runBtn),
-    what, h("div", { class: "rp-progress" }, bar, status), error, note, verdict, losses, timeline,
+    what, predicted, predError, predTable, h("div", { class: "rp-progress" }, bar, status), error, note, measured,
+    compareBox, verdict, losses, timeline,
   );
+
+  function drawPrediction() {
+    const p = model.get("predicted") || {};
+    if (p.step_ms === undefined) {
+      predicted.textContent = model.get("strategy_name") && !model.get("predict_error")
+        ? `prediction on ${model.get("hardware_name")}: computed before the run` : "";
+    } else {
+      predicted.textContent = `predicted on ${p.hardware} (${p.origin}): ${fmtMs(p.step_ms)} per step`;
+    }
+    predicted.hidden = !predicted.textContent;
+    predError.textContent = model.get("predict_error");
+    predError.hidden = !model.get("predict_error");
+    predTable.replaceChildren();
+    predTable.hidden = !(p.ranks || []).length;
+    if (p.ranks) {
+      predTable.append(h("tr", {}, ...["rank", "predicted peak memory", "compute", "exposed comm", "idle"]
+        .map((c) => h("th", { text: c }))));
+      for (const r of p.ranks) {
+        predTable.append(h("tr", { "data-rank": String(r.rank) }, h("td", { text: String(r.rank) }),
+          h("td", { text: fmtBytes(r.peak) }), ...[r.compute_ms, r.comm_ms, r.idle_ms].map((v) => h("td", { text: fmtMs(v) }))));
+      }
+    }
+    const m = model.get("measured") || {};
+    measured.hidden = m.step_ms === undefined;
+    if (m.step_ms !== undefined) {
+      measured.textContent = `measured ${fmtMs(m.step_ms)} per step (median of the steps after the first; `
+        + `each: ${m.steps_ms.map(fmtMs).join(", ")}); predicted ${fmtMs(m.predicted_ms)} on ${m.hardware}`
+        + (m.error == null ? "" : `, error ${pct(m.error)}`);
+    }
+    compareText.textContent = model.get("compare_text");
+    compareBox.hidden = !model.get("compare_text");
+  }
 
   function draw() {
     showValue(stepsIn, model.get("steps"));
@@ -89,6 +131,7 @@ function render({ model, el }) {
       }
     }
     timeline.innerHTML = model.get("timeline_svg");  // SVG built in Python, text escaped there
+    drawPrediction();
   }
 
   return redrawOn(model, DERIVED, draw);

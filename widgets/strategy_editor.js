@@ -1,5 +1,5 @@
 // StrategyEditor front end: preset, mesh, per-op signatures, hints and stages in; the physical graph,
-// memory and communication Python computed out. All deduction lives in Python
+// memory, communication and the simulator's prediction Python computed out. All deduction lives in Python
 // (sbplab.widgets.strategy_editor); this file renders state and sends edits back.
 // Elements carry stable data-testid attributes for a browser test.
 
@@ -9,6 +9,7 @@ const DERIVED = [
   "preset_names", "inner_names", "optimizer_names", "hint_roles", "strategy_name", "modules", "ops", "ops_note",
   "candidates", "explain", "graph_svg", "graph_text", "graph_note", "memory_rows", "memory_svg", "memory_text",
   "comm_rows", "comm_svg", "comm_text", "summary", "error", "note", "timings_ms", "stale",
+  "auto_predict", "hardware_name", "predicted", "predicted_version", "version", "predict_error", "predict_note",
 ];
 const PHASES = ["forward", "backward", "update"];
 
@@ -26,6 +27,12 @@ async function initialize({ model }) {
 
 function field(label, control) {
   return h("label", { class: "se-field" }, h("span", { class: "sbplab-label", text: label }), control);
+}
+
+/** Milliseconds with three significant figures: 0.0123 ms, 1.23 ms, 123 ms. */
+function fmtMs(ms) {
+  if (ms >= 100) return `${ms.toFixed(0)} ms`;
+  return `${ms.toPrecision(3)} ms`;
 }
 
 function options(sel, values, labels = {}) {
@@ -58,6 +65,19 @@ function render({ model, el }) {
   const error = h("div", { class: "se-error sbplab-error", "data-testid": "error-message", role: "alert" });
   const note = h("div", { class: "se-note sbplab-note", "data-testid": "note-message" });
   const status = h("div", { class: "se-status sbplab-status", "data-testid": "status" });
+
+  // --- the simulator's prediction ---------------------------------------------------------------------
+  const predLine = h("span", { class: "se-predicted", "data-testid": "prediction" });
+  const autoBox = h("input", { type: "checkbox", "data-testid": "auto-predict" });
+  autoBox.addEventListener("change", () => commit("auto_predict", autoBox.checked));
+  const predictBtn = h("button", { type: "button", "data-testid": "predict-button", text: "predict" });
+  predictBtn.addEventListener("click", () => commit("predict_requests", model.get("predict_requests") + 1));
+  const predError = h("div", { class: "se-error sbplab-error", "data-testid": "predict-error", role: "alert" });
+  const predNote = h("div", { class: "se-note sbplab-note", "data-testid": "predict-note" });
+  const predTable = h("table", { class: "se-table", "data-testid": "prediction-table" });
+  const predBox = h("section", { class: "se-predict" },
+    h("div", { class: "se-row" }, predLine, field("predict after every change", autoBox), predictBtn),
+    predNote, predError, h("details", {}, h("summary", { text: "predicted per rank" }), predTable));
 
   // --- ops and signatures ---------------------------------------------------------------------------
   const phaseSel = h("select", { "data-testid": "op-phase-select" });
@@ -120,7 +140,7 @@ function render({ model, el }) {
   el.append(
     h("div", { class: "se-inputs" }, field("preset", presetSel), field("mesh", meshIn),
       field("micro-batches", microIn), pipeFields, field("optimizer", optSel), field("lr", lrIn)),
-    error, note, status,
+    error, note, status, predBox,
     h("div", { class: "se-columns" },
       h("section", { class: "se-col" }, h("div", { class: "se-row" }, phaseSel, filterIn), opsNote,
         h("div", { class: "se-scroll" }, opsTable)),
@@ -211,6 +231,36 @@ function render({ model, el }) {
     }
   }
 
+  function drawPrediction() {
+    const p = model.get("predicted") || {};
+    const fresh = model.get("predicted_version") === model.get("version");
+    const auto = model.get("auto_predict");
+    autoBox.checked = auto;
+    predictBtn.hidden = auto && fresh;
+    predBox.classList.toggle("stale", Boolean(p.step_ms !== undefined && !fresh));
+    const coming = auto && !fresh && !model.get("predict_note") && !model.get("predict_error");
+    if (p.step_ms === undefined) {
+      predLine.textContent = coming ? `predicting on ${model.get("hardware_name")}…`
+        : `no prediction yet: press predict to simulate a step on ${model.get("hardware_name")}`;
+    } else {
+      const peak = Math.max(...p.ranks.map((r) => r.peak));
+      predLine.textContent = `predicted on ${p.hardware} (${p.origin}): ${fmtMs(p.step_ms)} per step, `
+        + `peak ${fmtBytes(peak)} on the fullest rank` + (fresh ? "" : " (for the previous settings)");
+    }
+    predNote.textContent = model.get("predict_note");
+    predNote.hidden = !model.get("predict_note") || fresh;
+    predError.textContent = model.get("predict_error");
+    predError.hidden = !model.get("predict_error");
+    predTable.replaceChildren(h("tr", {}, ...["rank", "peak", "params", "grads", "optim state", "activations",
+      "compute", "exposed comm", "idle"].map((c) => h("th", { text: c }))));
+    for (const r of p.ranks || []) {
+      const m = r.memory;
+      predTable.append(h("tr", { "data-rank": String(r.rank) }, h("td", { text: String(r.rank) }),
+        ...[r.peak, m.parameters, m.gradients, m["optimizer state"], m.activations].map((v) => h("td", { text: fmtBytes(v) })),
+        ...[r.compute_ms, r.comm_ms, r.idle_ms].map((v) => h("td", { text: fmtMs(v) }))));
+    }
+  }
+
   function draw() {
     options(presetSel, Object.keys(model.get("preset_names") || {}), model.get("preset_names") || {});
     presetSel.value = model.get("preset");
@@ -254,6 +304,7 @@ function render({ model, el }) {
     drawHints();
     drawStages();
     drawMemory();
+    drawPrediction();
   }
 
   return redrawOn(model, DERIVED, draw);

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..layout import local_shape
+from ..errors import InputError, InputTypeError
+from ..layout import LayoutError, local_shape, partial_ok
 from ..sbp import fmt_sbp
 from .step import BoxingStep
 
@@ -34,13 +35,25 @@ def run_move(step: BoxingStep, shards: Mapping[int, torch.Tensor], shape: tuple[
     return run_step(step, shards, shape)
 
 
-def check_shards(shards: Mapping[int, torch.Tensor], placement, shape, nd_sbp) -> None:
-    """The shards a plan is run on must be exactly the placement's ranks, with the expected local shapes."""
+def check_shards(shards: Mapping[int, torch.Tensor], placement, shape, nd_sbp, dst_sbp=()) -> None:
+    """The shards a plan is run on must be exactly the placement's ranks, with the expected local shapes,
+    of one dtype that can hold the partials of the source and destination SBPs."""
+    if not isinstance(shards, Mapping) or not all(isinstance(t, torch.Tensor) for t in shards.values()):
+        raise InputTypeError(f"plan.run needs a dict rank -> torch.Tensor (one shard per rank of {placement}), "
+                             f"got {type(shards).__name__}")
     if set(shards) != set(placement.rank_list):
-        raise ValueError(f"plan.run needs one shard per rank of {placement}: ranks {sorted(placement.rank_list)}, "
+        raise InputError(f"plan.run needs one shard per rank of {placement}: ranks {sorted(placement.rank_list)}, "
                          f"got ranks {sorted(shards)}")
     for r in placement.rank_list:
         want = local_shape(shape, placement, nd_sbp, r)
         if tuple(shards[r].shape) != want:
-            raise ValueError(f"plan.run: rank {r}'s shard has shape {tuple(shards[r].shape)} but "
+            raise InputError(f"plan.run: rank {r}'s shard has shape {tuple(shards[r].shape)} but "
                              f"{tuple(shape)} under SBP {fmt_sbp(nd_sbp)} on {placement} gives it {want}")
+    dtypes = sorted({str(t.dtype) for t in shards.values()})
+    if len(dtypes) > 1:
+        raise InputError(f"plan.run: the shards mix dtypes {dtypes}; every rank must hold the same dtype")
+    dtype = next(iter(shards.values())).dtype
+    for x in (*nd_sbp, *dst_sbp):
+        if not partial_ok(x, dtype):
+            raise LayoutError(f"plan.run: {dtype} shards cannot be {x!r} (no partial bools, no P(max)/P(min) of "
+                              f"complex values); plan a boxing without it")

@@ -110,7 +110,7 @@ class BoxingPlan:
     # --- execution ----------------------------------------------------------------------------
     def run(self, shards: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Execute every step on the shards of the source ranks; returns the destination's shards."""
-        check_shards(shards, self.src_placement, self.shape, self.src_sbp)
+        check_shards(shards, self.src_placement, self.shape, self.src_sbp, self.dst_sbp)
         cur: dict[int, torch.Tensor] = dict(shards)
         for step in self.steps:
             cur = run_step(step, cur, self.shape)

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import torch
 
+from ..errors import InputError, InputTypeError
 from ..hardware import Hardware
 from ..layout import check_layout
 from ..placement import Placement
@@ -96,9 +97,9 @@ def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement
 on_change(find_cross.cache_clear)
 
 
-def _validate(shape, sbp: SbpLike, placement: Placement, what: str) -> NdSbp:
+def _validate(shape, sbp: SbpLike, placement: Placement, what: str, dtype: torch.dtype) -> NdSbp:
     nd = as_nd_sbp(sbp, placement.ndim, len(shape), what=what)
-    check_layout(shape, placement, nd, what=what)
+    check_layout(shape, placement, nd, what=what, dtype=dtype)
     return nd
 
 
@@ -114,22 +115,22 @@ def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placem
     try:
         shape = tuple(int(n) for n in shape)
     except (TypeError, ValueError):
-        raise TypeError(f"plan_boxing: shape must be a sequence of ints, got {shape!r}") from None
+        raise InputTypeError(f"plan_boxing: shape must be a sequence of ints, got {shape!r}") from None
     if any(n < 0 for n in shape):
-        raise ValueError(f"plan_boxing: shape {shape} has a negative dim; dims must be >= 0")
+        raise InputError(f"plan_boxing: shape {shape} has a negative dim; dims must be >= 0")
     if not isinstance(placement, Placement):
-        raise TypeError(f"plan_boxing: placement must be an sl.Placement, got {type(placement).__name__}")
+        raise InputTypeError(f"plan_boxing: placement must be an sl.Placement, got {type(placement).__name__}")
     dst_pl = placement if dst_placement is None else dst_placement
     if not isinstance(dst_pl, Placement):
-        raise TypeError(f"plan_boxing: dst_placement must be an sl.Placement or None, got {type(dst_pl).__name__}")
+        raise InputTypeError(f"plan_boxing: dst_placement must be an sl.Placement or None, got {type(dst_pl).__name__}")
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"plan_boxing: dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+        raise InputTypeError(f"plan_boxing: dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
     if hardware is None:
         hardware = Hardware.cpu_box() if placement.device_type == "cpu" else Hardware.h100_node()
     elif not isinstance(hardware, Hardware):
-        raise TypeError(f"plan_boxing: hardware must be an sl.Hardware or None, got {type(hardware).__name__}")
-    src = _validate(shape, src_sbp, placement, "plan_boxing: src_sbp")
-    dst = _validate(shape, dst_sbp, dst_pl, "plan_boxing: dst_sbp")
+        raise InputTypeError(f"plan_boxing: hardware must be an sl.Hardware or None, got {type(hardware).__name__}")
+    src = _validate(shape, src_sbp, placement, "plan_boxing: src_sbp", dtype)
+    dst = _validate(shape, dst_sbp, dst_pl, "plan_boxing: dst_sbp", dtype)
     itemsize = dtype.itemsize
     if dst_pl.same_devices(placement):
         route = find_route(shape, src, dst, placement.shape, itemsize, hardware)

@@ -12,6 +12,7 @@ import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..errors import SbplabError
 from ..hardware import Hardware
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split, fmt_sbp
 from .costs import edge_cost, state_ok
@@ -22,7 +23,7 @@ Hop = tuple[int, SbpParallel]  # (mesh axis, its new SBP)
 ZERO: Key = (0, 0, 0)
 
 
-class BoxingError(ValueError):
+class BoxingError(SbplabError, ValueError):
     """No plan turns one layout into the other (or the request itself is malformed)."""
 
 

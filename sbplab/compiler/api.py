@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputTypeError
 from ..hardware import Hardware
 from ..runtime.actor_plan import ActorPlan
 from ..runtime.results import Batches
@@ -122,6 +123,12 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
     on the first 1/M of it, so the batch size must divide by M. The step then takes batches of
     exactly this size (``step.feeds`` checks them).
     """
+    if not isinstance(module, torch.nn.Module):
+        raise InputTypeError(f"sl.compile needs a torch.nn.Module (for a hand-built graph use sl.compile_graph), "
+                             f"got {type(module).__name__}")
+    if strategy is not None and not isinstance(strategy, Strategy):
+        raise InputTypeError(f"sl.compile: strategy must be an sl.Strategy (sl.presets.data_parallel(2), ...), got "
+                             f"{type(strategy).__name__}")
     strategy = strategy or Strategy(as_mesh(1), name="single device")
     g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer)
     return compile_training_graph(g, strategy, hardware)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..errors import SbplabError
 from ..freeze import freeze
 from ..ops.registry import TensorMeta, get_op
 from ..placement import Placement
@@ -22,7 +23,7 @@ ROLES = ("input", "param", "const", "state", "activation", "grad")
 PHASES = ("forward", "backward", "update")
 
 
-class GraphError(ValueError):
+class GraphError(SbplabError, ValueError):
     """A graph is malformed: unknown tensor, duplicate name, shape inference failed."""
 
 

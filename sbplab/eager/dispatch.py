@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..boxing import BoxingPlan, plan_boxing
+from ..errors import InputTypeError
 from ..hardware import Hardware
 from ..ops.choose import BoxingCost, RankedSignature, rank_signatures
 from ..ops.registry import NdSignature, TensorMeta, _freeze, get_op, local_context, nd_signatures
@@ -45,6 +46,9 @@ def default_hardware() -> Hardware:
 
 def set_default_hardware(hardware: Hardware) -> None:
     """The hardware model used to cost eager boxing (``sl.Hardware.h100_node()`` etc.)."""
+    if not isinstance(hardware, Hardware):
+        raise InputTypeError(f"set_default_hardware needs an sl.Hardware (e.g. sl.Hardware.cpu_box()), got "
+                             f"{type(hardware).__name__}")
     _DEFAULT_HARDWARE[:] = [hardware]
     _CACHE.clear()
 

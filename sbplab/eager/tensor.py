@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..boxing import plan_boxing
-from ..layout import assemble, local_shape, shard
+from ..errors import InputError, InputKeyError, InputTypeError, OpError
+from ..layout import assemble, shard
+from ..ops._util import norm_dim
 from ..ops.registry import TensorMeta, get_op
 from ..placement import Placement
 from ..sbp import B, NdSbp, as_nd_sbp, fmt_sbp
@@ -68,7 +70,7 @@ class GlobalTensor:
 
     def to_local(self, rank: int) -> torch.Tensor:
         if rank not in self.shards:
-            raise KeyError(f"{self.name}: rank {rank} is not in {self.placement}")
+            raise InputKeyError(f"{self.name}: rank {rank} is not in {self.placement}")
         return self.shards[rank]
 
     def full(self) -> torch.Tensor:
@@ -123,16 +125,16 @@ class GlobalTensor:
     def exp(self): return apply("exp", [self])
 
     def sum(self, dim=None, keepdim: bool = False):
-        return apply("sum", [self], dims=_dims(dim, self.ndim), keepdim=keepdim)
+        return apply("sum", [self], dims=_dims(dim, self.shape, "sum"), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim: bool = False):
-        return apply("mean", [self], dims=_dims(dim, self.ndim), keepdim=keepdim)
+        return apply("mean", [self], dims=_dims(dim, self.shape, "mean"), keepdim=keepdim)
 
     def max(self, dim: int, keepdim: bool = False):
-        return apply("max", [self], dim=dim % self.ndim, keepdim=keepdim)
+        return apply("max", [self], dim=_dim(dim, self.shape, "max"), keepdim=keepdim)
 
-    def softmax(self, dim: int): return apply("softmax", [self], dim=dim % self.ndim)
-    def log_softmax(self, dim: int): return apply("log_softmax", [self], dim=dim % self.ndim)
+    def softmax(self, dim: int): return apply("softmax", [self], dim=_dim(dim, self.shape, "softmax"))
+    def log_softmax(self, dim: int): return apply("log_softmax", [self], dim=_dim(dim, self.shape, "log_softmax"))
 
     def reshape(self, *shape):
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
@@ -141,11 +143,12 @@ class GlobalTensor:
     view = reshape
 
     def transpose(self, dim0: int, dim1: int):
-        return apply("transpose", [self], dim0=dim0 % self.ndim, dim1=dim1 % self.ndim)
+        return apply("transpose", [self], dim0=_dim(dim0, self.shape, "transpose"),
+                     dim1=_dim(dim1, self.shape, "transpose"))
 
     def permute(self, *dims):
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-        return apply("permute", [self], dims=tuple(d % self.ndim for d in dims))
+        return apply("permute", [self], dims=tuple(_dim(d, self.shape, "permute") for d in dims))
 
     @property
     def T(self):
@@ -155,47 +158,70 @@ class GlobalTensor:
         """Basic slicing ``x[:, 2:5]`` on one dimension at a time, through the ``slice`` op."""
         if not isinstance(index, tuple):
             index = (index,)
+        if len(index) > self.ndim:
+            raise InputError(f"{self.name}: {len(index)} indices for a {self.ndim}-D tensor of shape {tuple(self.shape)}")
         out = self
         for d, idx in enumerate(index):
             if idx == slice(None):
                 continue
             if not isinstance(idx, slice):
-                raise TypeError(f"{self.name}: only slices like x[a:b] are supported, got {idx!r}")
+                raise InputTypeError(f"{self.name}: only slices like x[a:b] are supported, got {idx!r}")
             start, stop, step = idx.indices(self.shape[d])
             out = apply("slice", [out], dim=d, start=start, stop=stop, step=step)
         return out
 
 
-def _dims(dim, ndim: int) -> tuple[int, ...]:
+def _dim(dim, shape: torch.Size, op: str) -> int:
+    """``dim`` made non-negative; out of range (or not an int) is an OpError, as in torch (never taken modulo)."""
+    return norm_dim(op, dim, shape)
+
+
+def _dims(dim, shape: torch.Size, op: str) -> tuple[int, ...]:
     if dim is None:
-        return tuple(range(ndim))
+        return tuple(range(len(shape)))
     if isinstance(dim, int):
-        return (dim % ndim,)
-    return tuple(d % ndim for d in dim)
+        return (_dim(dim, shape, op),)
+    if not isinstance(dim, (tuple, list)):
+        raise InputTypeError(f"{op}: dim must be an int, a tuple of ints or None, got {dim!r}")
+    return tuple(_dim(d, shape, op) for d in dim)
 
 
 def _resolve_shape(shape: tuple, old: torch.Size, name: str) -> tuple[int, ...]:
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        raise InputTypeError(f"{name}: reshape takes ints (one may be -1), got {shape}")
     numel = 1
     for s in old:
         numel *= s
     if shape.count(-1) > 1:
-        raise ValueError(f"{name}: reshape to {shape} has more than one -1")
+        raise InputError(f"{name}: reshape to {shape} has more than one -1")
     known = 1
     for s in shape:
         if s != -1:
             known *= s
     if -1 in shape:
         if known == 0 or numel % known:
-            raise ValueError(f"{name}: cannot reshape {tuple(old)} to {shape}")
+            raise InputError(f"{name}: cannot reshape {tuple(old)} to {shape}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
     return tuple(int(s) for s in shape)
 
 
 def _lift(x, like: GlobalTensor) -> GlobalTensor:
-    """Python numbers and plain tensors join an op as broadcast tensors on ``like``'s placement."""
+    """Python numbers and plain tensors join an op as broadcast tensors on ``like``'s placement.
+
+    A number takes the dtype torch would give ``like`` op number (``int_tensor * 0.5`` is a float, ``bool_tensor
+    + 2`` an int), so the op's own promotion then gives torch's result dtype; a bool stays a bool (it never
+    wins a promotion, and torch refuses to subtract it).
+    """
     if isinstance(x, GlobalTensor):
         return x
-    t = torch.as_tensor(x, dtype=like.dtype if not isinstance(x, torch.Tensor) else None)
+    if not isinstance(x, (torch.Tensor, bool, int, float, complex)):
+        raise InputTypeError(f"{like.name}: cannot combine a global tensor with a {type(x).__name__}; use a number, a "
+                             f"torch.Tensor or a global tensor")
+    try:
+        dtype = None if isinstance(x, (torch.Tensor, bool)) else torch.result_type(torch.empty(1, dtype=like.dtype), x)
+        t = torch.as_tensor(x, dtype=dtype)
+    except (OverflowError, RuntimeError) as e:  # as torch: 10**30 fits no tensor
+        raise InputError(f"{like.name}: the number {x!r} does not fit a tensor to combine with {like.dtype}: {e}") from None
     return tensor(t, placement=like.placement, sbp=(B,) * like.placement.ndim,
                   name=_fresh_name("const"))
 
@@ -209,11 +235,11 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
     """
     anchor = next((x for x in inputs if isinstance(x, GlobalTensor)), None)
     if anchor is None:
-        raise TypeError(f"{op_name}: needs at least one global tensor input")
+        raise InputTypeError(f"{op_name}: needs at least one global tensor input")
     xs = [_lift(x, anchor) for x in inputs]
     for x in xs:
         if x.placement != anchor.placement:
-            raise ValueError(
+            raise InputError(
                 f"{op_name}: inputs live on different placements: {anchor.name} on {anchor.placement}, "
                 f"{x.name} on {x.placement}; move one with .to_global(placement=...) first")
     placement = anchor.placement
@@ -234,7 +260,12 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
             boxed.append(x)
     outs: dict[int, tuple[torch.Tensor, ...]] = {}
     for r in placement.rank_list:
-        outs[r] = tuple(op.kernel([b.shards[r] for b in boxed], dec.local_attrs[r]))
+        local = [b.shards[r] for b in boxed]
+        try:
+            outs[r] = tuple(op.kernel(local, dec.local_attrs[r]))
+        except (RuntimeError, NotImplementedError) as e:  # torch refuses (e.g. a dtype it has no kernel for)
+            raise OpError(f"{op_name}: torch cannot run it on {', '.join(x.name for x in xs)} (local shapes "
+                          f"{[tuple(t.shape) for t in local]}, dtypes {[t.dtype for t in local]}): {e}") from e
     out_name = name or _fresh_name()
     record = OpRecord(op_name, out_name, [x.name for x in xs], [x.sbp for x in xs], dec.candidates[0],
                       dec.candidates[1:], boxings, dec.forced)
@@ -248,47 +279,29 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
 
 def tensor(full: torch.Tensor, placement: Placement, sbp, name: str | None = None) -> GlobalTensor:
     """Make a global tensor from its full value: S takes slices, B copies, P gives rank 0 the value."""
-    full = torch.as_tensor(full)
     name = name or _fresh_name()
+    need_placement(placement, name)
+    try:
+        full = torch.as_tensor(full)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InputTypeError(f"{name}: sl.tensor needs the full value as a torch.Tensor (or nested lists of "
+                             f"numbers), got {type(full).__name__}: {e}") from None
     nd = as_nd_sbp(sbp, placement.ndim, full.ndim, what=name)
     return GlobalTensor(shard(full, placement, nd, what=name), placement, nd, full.shape, name=name)
 
 
-def from_local(shards: Mapping[int, torch.Tensor] | Sequence[torch.Tensor], placement: Placement, sbp,
-               name: str | None = None) -> GlobalTensor:
-    """Make a global tensor from its local shards (a dict rank -> tensor, or a list in mesh order).
-
-    The logical shape is worked out from the shards; each shard must have exactly the shape the
-    balanced splitter gives its rank.
-    """
-    name = name or _fresh_name()
-    if not isinstance(shards, Mapping):
-        shards = list(shards)
-        if len(shards) != placement.size:
-            raise ValueError(f"{name}: {len(shards)} shards for {placement.size} ranks of {placement}")
-        shards = dict(zip(placement.rank_list, shards))
-    missing = set(placement.rank_list) - set(shards)
-    if missing:
-        raise ValueError(f"{name}: no shard for ranks {sorted(missing)} of {placement}")
-    first = next(iter(shards.values()))
-    nd = as_nd_sbp(sbp, placement.ndim, first.ndim, what=name)
-    metas = {r: torch.empty(t.shape, device="meta") for r, t in shards.items()}
-    try:
-        shape = tuple(assemble(metas, placement, nd).shape)
-    except RuntimeError as e:
-        raise ValueError(f"{name}: local shapes {({r: tuple(t.shape) for r, t in shards.items()})} do not "
-                         f"fit together under SBP {fmt_sbp(nd)}: {e}") from None
-    for r, t in shards.items():
-        want = local_shape(shape, placement, nd, r)
-        if tuple(t.shape) != want:
-            raise ValueError(
-                f"{name}: rank {r} holds a shard of shape {tuple(t.shape)} but a {shape} tensor with SBP "
-                f"{fmt_sbp(nd)} gives it {want} (balanced splits: the first n mod p pieces get one more)")
-    return GlobalTensor({r: shards[r] for r in placement.rank_list}, placement, nd, shape, name=name)
+def need_placement(placement: object, name: str) -> None:
+    """A placement argument must be one (a list of ranks is not: sl.Placement says which mesh it is)."""
+    if not isinstance(placement, Placement):
+        raise InputTypeError(f"{name}: placement must be an sl.Placement such as sl.Placement('cpu', [0, 1]), got "
+                             f"{type(placement).__name__}")
 
 
 def explain(t: GlobalTensor) -> str:
     """How ``t`` was made: its op, the chosen and rejected signatures, every boxing with bytes."""
+    if not isinstance(t, GlobalTensor):
+        raise InputTypeError(f"explain needs a global tensor (sl.tensor, sl.from_local or an op's result), got "
+                             f"{type(t).__name__}")
     lines = [repr(t)]
     rec = t.record
     if rec is None:

@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import torch
 
+from ..errors import OpError
 from ..layout import numel  # noqa: F401  (the op files' shorthand, defined once)
 from ..sbp import B, Partial, SbpParallel
 from .registry import Signature, TensorMeta
@@ -22,7 +23,7 @@ PARTIALS = (PSUM, PMAX, PMIN)
 
 def fail(op: str, msg: str) -> NoReturn:
     """Raise the ValueError every ``infer`` uses: it starts with the op's name."""
-    raise ValueError(f"{op}: {msg}")
+    raise OpError(f"{op}: {msg}")
 
 
 def sig(ins: Sequence[SbpParallel], outs: Sequence[SbpParallel] | SbpParallel) -> Signature:
@@ -30,6 +31,15 @@ def sig(ins: Sequence[SbpParallel], outs: Sequence[SbpParallel] | SbpParallel) -
     if not isinstance(outs, (list, tuple)):
         outs = (outs,)
     return Signature(tuple(ins), tuple(outs))
+
+
+def extremes_in_float(sigs: list[Signature], dtype: torch.dtype) -> list[Signature]:
+    """``sigs`` without their P(max)/P(min) ones unless the op computes in floating point: ranks without a
+    piece of an integer P(max) hold iinfo's extremes in place of -inf (``layout.partial_fill``), and
+    adding to or negating them wraps around instead of staying the identity."""
+    if dtype.is_floating_point:
+        return sigs
+    return [s for s in sigs if not any(isinstance(x, Partial) and x.op != "sum" for x in (*s.inputs, *s.outputs))]
 
 
 def same_all(n_in: int, x: SbpParallel, out: SbpParallel | None = None) -> Signature:
@@ -47,6 +57,8 @@ def norm_dim(op: str, dim: int, shape: Sequence[int], what: str = "dim") -> int:
     ndim = len(shape)
     if isinstance(dim, bool) or not isinstance(dim, int):
         fail(op, f"{what} must be an int, got {dim!r}")
+    if ndim == 0:
+        fail(op, f"{what}={dim}: a tensor of shape () (a scalar) has no dims to name")
     if not -ndim <= dim < ndim:
         fail(op, f"{what}={dim} is out of range for a tensor of shape {tuple(shape)}; "
                  f"valid dims are {-ndim}..{ndim - 1}")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sbp import B, S
-from ._util import PMAX, PMIN, PSUM, fail, float_dtype, need_inputs, numel, sig
+from ._util import PMAX, PMIN, PSUM, extremes_in_float, fail, float_dtype, need_inputs, numel, sig
 from .registry import OpDef, Signature, TensorMeta, register
 
 # ---- binary ---------------------------------------------------------------------------------
@@ -32,6 +32,19 @@ def broadcast_shape(op: str, a: Sequence[int], b: Sequence[int]) -> tuple[int, .
                      f"each pair of dims must be equal or one of them 1")
         out.append(y if x == 1 else x)
     return tuple(out)
+
+
+def _category(d: torch.dtype) -> int:
+    return 3 if d.is_complex else 2 if d.is_floating_point else 0 if d == torch.bool else 1
+
+
+def result_dtype(a: TensorMeta, b: TensorMeta) -> torch.dtype:
+    """torch's promotion of two tensors: a 0-d operand (a lifted Python number) decides the dtype only
+    where its category (bool < int < float < complex) is higher: float32 (3,) + float64 () is float32."""
+    if (len(a.shape) == 0) == (len(b.shape) == 0):
+        return torch.promote_types(a.dtype, b.dtype)
+    dim, zero = (a, b) if len(b.shape) == 0 else (b, a)
+    return torch.promote_types(a.dtype, b.dtype) if _category(zero.dtype) > _category(dim.dtype) else dim.dtype
 
 
 def broadcast_splits(metas: Sequence[TensorMeta], out_shape: Sequence[int]) -> list[Signature]:
@@ -51,14 +64,14 @@ def _binary(name: str, fn: Callable, partials: list[Signature], flops_per: int =
     def infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
         need_inputs(name, ins, (2,))
         a, b = ins
-        dtype = torch.promote_types(a.dtype, b.dtype)
+        dtype = result_dtype(a, b)
         if name == "div":
             dtype = float_dtype(dtype)
         return [TensorMeta(broadcast_shape(name, a.shape, b.shape), dtype)]
 
     def signatures(ins: Sequence[TensorMeta], attrs: dict) -> list[Signature]:
         out = infer(ins, attrs)[0]
-        return broadcast_splits(ins, out.shape) + partials
+        return broadcast_splits(ins, out.shape) + extremes_in_float(partials, out.dtype)
 
     def kernel(xs: Sequence[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
         return (fn(xs[0], xs[1]),)
@@ -88,7 +101,8 @@ _MONOTONE = [sig([PMAX], PMAX), sig([PMIN], PMIN)]
 
 
 def _unary(name: str, fn: Callable, partials: list[Signature], flops_per: int, to_float: bool,
-           doc: str, check: Callable[[dict], None] | None = None) -> OpDef:
+           doc: str, check: Callable[[dict], None] | None = None, arithmetic: bool = False) -> OpDef:
+    """``arithmetic``: the op computes with its P(max)/P(min) values (neg), so they need a float dtype."""
     def infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
         need_inputs(name, ins, (1,))
         if check is not None:
@@ -97,7 +111,8 @@ def _unary(name: str, fn: Callable, partials: list[Signature], flops_per: int, t
         return [TensorMeta(x.shape, float_dtype(x.dtype) if to_float else x.dtype)]
 
     def signatures(ins: Sequence[TensorMeta], attrs: dict) -> list[Signature]:
-        return [sig([S(d)], S(d)) for d in range(len(ins[0].shape))] + partials
+        kept = extremes_in_float(partials, infer(ins, attrs)[0].dtype) if arithmetic else partials
+        return [sig([S(d)], S(d)) for d in range(len(ins[0].shape))] + kept
 
     def kernel(xs: Sequence[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
         return (fn(xs[0], attrs),)
@@ -119,7 +134,7 @@ def _gelu(x: torch.Tensor, attrs: dict) -> torch.Tensor:
 
 
 register(_unary("neg", lambda x, a: torch.neg(x), [sig([PSUM], PSUM), sig([PMAX], PMIN), sig([PMIN], PMAX)],
-                1, False, "-x; swaps P(max) and P(min)"))
+                1, False, "-x; swaps P(max) and P(min)", arithmetic=True))
 register(_unary("relu", lambda x, a: torch.relu(x), _MONOTONE, 1, False, "max(x, 0)"))
 register(_unary("tanh", lambda x, a: torch.tanh(x), _MONOTONE, 4, True, "tanh(x)"))
 register(_unary("exp", lambda x, a: torch.exp(x), _MONOTONE, 4, True, "e^x"))

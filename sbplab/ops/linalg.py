@@ -17,8 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from ..sbp import B, S
-from ._util import PMAX, PMIN, PSUM, fail, need_inputs, numel, sig
+from ._util import PMAX, PMIN, PSUM, extremes_in_float, fail, need_inputs, numel, sig
 from .registry import OpDef, Signature, TensorMeta, register
+
+
+def same_dtype(op: str, ins: Sequence[TensorMeta]) -> None:
+    """torch multiplies matrices of one dtype only (no promotion, no bool)."""
+    dtypes = [m.dtype for m in ins]
+    if len(set(dtypes)) > 1:
+        fail(op, f"inputs of shapes {[m.shape for m in ins]} have dtypes {dtypes}; torch needs them all of one "
+                 f"dtype (convert with .to(dtype) first)")
+    if dtypes[0] == torch.bool:
+        fail(op, f"torch does not multiply bool matrices (shapes {[m.shape for m in ins]}); convert to an int "
+                 f"or float dtype first")
 
 
 def _matmul_infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
@@ -32,6 +43,7 @@ def _matmul_infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
     if len(b.shape) > 2 and b.shape[:-2] != a.shape[:-2]:
         fail("matmul", f"batched b {b.shape} must have the same batch dims as a {a.shape} "
                        f"(no broadcasting of batch dims); or pass a 2-D b")
+    same_dtype("matmul", ins)
     dtype = torch.promote_types(a.dtype, b.dtype)
     return [TensorMeta(a.shape[:-1] + b.shape[-1:], dtype)]
 
@@ -69,6 +81,7 @@ def _linear_infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
                        f"{w.shape[1]} (w is (out, in), torch's convention)")
     if len(ins) == 3 and ins[2].shape != (w.shape[0],):
         fail("linear", f"bias {ins[2].shape} must have shape ({w.shape[0]},) to match w {w.shape}")
+    same_dtype("linear", ins)
     dtype = torch.promote_types(x.dtype, w.dtype)
     return [TensorMeta(x.shape[:-1] + (w.shape[0],), dtype)]
 
@@ -88,7 +101,7 @@ def _linear_signatures(ins: Sequence[TensorMeta], attrs: dict) -> list[Signature
         s(B, PSUM, PSUM, PSUM),
     ]
     if bias:  # x @ w^T + max_i(b_i) = max_i(x @ w^T + b_i)
-        sigs += [sig([B, B, p], p) for p in (PMAX, PMIN)]
+        sigs += extremes_in_float([sig([B, B, p], p) for p in (PMAX, PMIN)], ins[0].dtype)
     return sigs
 
 

@@ -9,6 +9,7 @@ signature is always added. That local-shape check is what rejects products that 
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ from typing import Any
 
 import torch
 
+from ..errors import SbplabError
 from ..freeze import freeze
 from ..freeze import freeze as _freeze  # noqa: F401  (the name ops/choose.py and eager/dispatch.py import)
-from ..layout import Block, local_block, numel
+from ..layout import Block, local_block, numel, partial_ok
 from ..placement import Placement
 from ..sbp import B, NdSbp, SbpParallel, fmt_sbp, normalize_split
 
@@ -125,8 +127,8 @@ class OpDef:
         return sum(m.nbytes for m in ins) + sum(m.nbytes for m in outs)
 
 
-class UnknownOpError(KeyError):
-    pass
+class UnknownOpError(SbplabError, KeyError):
+    """No op of that name is registered; the message suggests the closest registered names."""
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -143,8 +145,10 @@ def get_op(name: str) -> OpDef:
     try:
         return REGISTRY[name]
     except KeyError:
+        close = difflib.get_close_matches(str(name), list(REGISTRY), n=3)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise UnknownOpError(
-            f"no op named {name!r}; registered ops: {', '.join(sorted(REGISTRY))}"
+            f"no op named {name!r}{hint}; sbplab.ops.REGISTRY holds every registered op"
         ) from None
 
 
@@ -154,6 +158,8 @@ def one_d_signatures(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict) -> 
     all_b = Signature(tuple(B for _ in in_metas), tuple(B for _ in out_metas))
     seen: dict[Signature, None] = {all_b: None}
     for sig in op.signatures(in_metas, attrs):
+        if not all(partial_ok(x, m.dtype) for x, m in [*zip(sig.inputs, in_metas), *zip(sig.outputs, out_metas)]):
+            continue  # no partial bools, no P(max)/P(min) of complex values (layout.partial_ok)
         norm = Signature(
             tuple(normalize_split(x, len(m.shape), op.name) for x, m in zip(sig.inputs, in_metas)),
             tuple(normalize_split(x, len(m.shape), op.name) for x, m in zip(sig.outputs, out_metas)),

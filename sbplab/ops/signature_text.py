@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..errors import InputTypeError, SbplabError
 from ..sbp import NdSbp, as_nd_sbp, parse_sbp
 from .registry import NdSignature, Signature
 
@@ -24,7 +25,7 @@ RawSignature = tuple[tuple[NdSbp, ...], tuple[NdSbp, ...]]  # as written: split 
 EXAMPLE = "write inputs -> outputs, like 'S(0), B -> S(0)' on a 1-D mesh or '(S(0), B), (B, S(1)) -> (S(0), S(1))'"
 
 
-class HintError(ValueError):
+class HintError(SbplabError, ValueError):
     """Hints that cannot all hold: the message names the tensor and both demands.
 
     Defined here, below the compiler, because a forced signature is a hint too, eager or compiled:
@@ -85,7 +86,7 @@ def parse_signature(text: str, op: str = "") -> RawSignature:
     the ``repr`` of any ``NdSignature`` parses back to it. ``op`` only names the op in errors.
     """
     if not isinstance(text, str):
-        raise TypeError(f"a signature is a string or an NdSignature, got {type(text).__name__}")
+        raise InputTypeError(f"a signature is a string or an NdSignature, got {type(text).__name__}")
 
     def fail(why: str) -> SignatureError:
         return SignatureError(op, f"{op + ': ' if op else ''}cannot parse signature {text!r}: {why}; {EXAMPLE}")
@@ -107,7 +108,7 @@ def as_raw(sig: object, op: str = "") -> RawSignature:
         return tuple(sig.inputs), tuple(sig.outputs)
     if isinstance(sig, Signature):  # a 1-D signature, for 1-D meshes
         return tuple((x,) for x in sig.inputs), tuple((x,) for x in sig.outputs)
-    raise TypeError(f"a signature is a string like 'S(0), B -> S(0)' or an NdSignature, got {type(sig).__name__}")
+    raise InputTypeError(f"a signature is a string like 'S(0), B -> S(0)' or an NdSignature, got {type(sig).__name__}")
 
 
 def to_nd_signature(raw: RawSignature, in_ranks: Sequence[int], out_ranks: Sequence[int], mesh_ndim: int,

@@ -27,6 +27,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ClusterError, InputError, InputTypeError
 from .accept import Acceptor, listen_socket
 from .activity import ActivityBoard
 from .actor_plan import ActorPlan
@@ -37,6 +38,7 @@ from .spawn import WorkerProcess, reap, spawn_worker
 from .tokens import new_token
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_SPAWN = 128  # worker processes LocalCluster starts on one machine; torchrun (launch="external") for more
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,23 +62,36 @@ class LocalCluster:
     def __init__(self, n: int, device_type: str = "cpu", *, launch: str = "spawn", host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, threads: int | None = None,
                  start_timeout: float = 120.0) -> None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise InputTypeError(f"LocalCluster(n): n is the number of ranks, an int >= 1; got {n!r}")
         if n < 1:
-            raise ValueError(f"a cluster needs at least one worker, got n={n}")
+            raise InputError(f"a cluster needs at least one worker, got n={n}")
+        if launch == "spawn" and n > MAX_SPAWN:
+            raise InputError(f"LocalCluster({n}) would start {n} worker processes on this machine (each a Python "
+                             f"process with torch); at most {MAX_SPAWN} are spawned. For more ranks start them on "
+                             f"several machines with torchrun and LocalCluster(n, launch='external', ...)")
+        if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise InputError(f"host must be a str and port an int in 0..65535 (0: a free one), got host={host!r}, "
+                             f"port={port!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise InputError(f"threads must be an int >= 1 (torch threads per worker) or None, got {threads!r}")
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or not start_timeout > 0:
+            raise InputError(f"start_timeout must be a number of seconds > 0, got {start_timeout!r}")
         if device_type not in ("cpu", "cuda"):
-            raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+            raise InputError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
         if launch not in ("spawn", "external"):
-            raise ValueError(f"launch must be 'spawn' or 'external', got {launch!r}")
+            raise InputError(f"launch must be 'spawn' or 'external', got {launch!r}")
         if token is not None and not isinstance(token, str):
-            raise TypeError(f"token must be a str (workers read it from $SBPLAB_TOKEN), got {type(token).__name__}")
+            raise InputTypeError(f"token must be a str (workers read it from $SBPLAB_TOKEN), got {type(token).__name__}")
         if host not in _LOOPBACK and not token:
-            raise ValueError(f"listening on {host!r} (not loopback) needs a shared token=; workers pass the "
+            raise InputError(f"listening on {host!r} (not loopback) needs a shared token=; workers pass the "
                              f"same one as $SBPLAB_TOKEN")
         if device_type == "cuda" and launch == "spawn":
             import torch
 
             have = torch.cuda.device_count()
             if have < n:
-                raise ValueError(f"{n} cuda ranks need {n} GPUs (one per rank); this machine has {have}")
+                raise InputError(f"{n} cuda ranks need {n} GPUs (one per rank); this machine has {have}")
         self.n, self.device_type, self.launch = n, device_type, launch
         self._token = token or new_token()
         self._threads = threads or max(1, (os.cpu_count() or 1) // n)
@@ -165,32 +180,28 @@ class LocalCluster:
             with it (workers still busy with later steps are torn down, like after Ctrl-C).
         """
         if self.closed:
-            raise RuntimeError("this LocalCluster is closed; create a new one")
+            raise ClusterError("this LocalCluster is closed; create a new one")
+        opts = RunOptions(steps=steps, timeout=timeout, progress=_interactive() if progress is None else progress,
+                          params=params, trace=trace, on_step=on_step)  # checks them before any worker starts
         plan, batches = plan_and_batches(step, inputs, self.n)
+        if plan.world_size > self.n:
+            raise InputError(f"plan {plan.name!r} has {plan.world_size} ranks but this cluster has {self.n}")
+        if plan.device_type != self.device_type:
+            raise InputError(f"plan {plan.name!r} is for {plan.device_type} but this cluster runs "
+                             f"{self.device_type}")
         if self.driver is not None and not self.driver.healthy:
             self._kill()
             self.driver = None
         if self.driver is None:
             if self.launch == "external":
                 if self._procs or getattr(self, "_had_external", False):
-                    raise RuntimeError("the external workers were torn down after a failure; start them "
+                    raise ClusterError("the external workers were torn down after a failure; start them "
                                        "again and call wait_ready()")
                 self._had_external = True
             self.wait_ready()
-        if plan.world_size > self.n:
-            raise ValueError(f"plan {plan.name!r} has {plan.world_size} ranks but this cluster has {self.n}")
         if plan.world_size < self.n:  # the extra workers idle (they still join new process groups)
             plan = ActorPlan(self.n, dict(plan.ranks), plan.device_type, plan.micro_batches, plan.comm_order,
                              plan.name, plan.imports)
-        if plan.device_type != self.device_type:
-            raise ValueError(f"plan {plan.name!r} is for {plan.device_type} but this cluster runs "
-                             f"{self.device_type}")
-        if progress is None:
-            progress = _interactive()
-        if on_step is not None and not callable(on_step):
-            raise TypeError(f"on_step must be a function (step, steps, loss), got {type(on_step).__name__}")
-        opts = RunOptions(steps=steps, timeout=timeout, progress=progress, params=params, trace=trace,
-                          on_step=on_step)
         try:
             return self.driver.run(plan, batches, opts)  # type: ignore[union-attr]
         except BaseException:

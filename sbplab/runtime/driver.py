@@ -6,6 +6,12 @@ an ended process; a hang shows as heartbeats in which no rank has finished a fir
 ``timeout`` seconds. In the last two cases the driver asks the surviving workers what they are
 doing, so the error says which actor waits for what.
 
+The error blames the rank where the failure began, not the ranks that felt it (``diagnose``): a
+collective that fails on one rank is held for a moment in case a peer died (its closed connections
+are what failed the collective); in a hang, a stopped process (SIGSTOP) or a rank that does not
+answer comes before one inside a kernel, and that before ranks waiting in collectives. A worker that
+does not answer the clock pings before a run (stopped while idle) ends that run at once.
+
 Between runs nothing should arrive from a worker: a readable connection (end of file: the worker was
 OOM-killed or interrupted) or an ended process makes the driver unhealthy, so the next run starts
 fresh workers instead of failing on a broken pipe.
@@ -19,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
+from ..errors import InputError, InputTypeError
 from .actor_plan import ActorPlan
+from .diagnose import exit_text, process_state, stopped_text
 from .executor import RunSpec
 from .faults import RunError, describe_failure
 from .progress import step_bar
@@ -27,15 +35,32 @@ from .results import Batches, RunResult, assemble_results, cut_feeds, loss_value
 from .trace import build_trace
 from .wire import recv, send
 
+PEER_DEATH_GRACE_S = 1.0  # after a rank's communication fails, how long to look for a peer that died
+
 
 @dataclass
 class RunOptions:
-    steps: int = 1
-    timeout: float = 10.0
+    """How ``LocalCluster.run`` runs; checked here, before any worker is asked to do anything."""
+
+    steps: int = 1  # training steps, >= 1
+    timeout: float = 10.0  # seconds without any rank finishing a firing before the run counts as hung, > 0
     progress: bool = False
     params: bool = True
     trace: bool = True
     on_step: Callable[[int, int, float | None], None] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int):
+            raise InputTypeError(f"run: steps must be an int >= 1, got {self.steps!r}")
+        if self.steps < 1:
+            raise InputError(f"run: steps must be >= 1 (the number of training steps to run), got {self.steps}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)):
+            raise InputTypeError(f"run: timeout must be a number of seconds, got {self.timeout!r}")
+        if not self.timeout > 0:  # also refuses nan
+            raise InputError(f"run: timeout must be > 0 seconds (how long no rank may finish a firing before the "
+                             f"run counts as hung; 10 by default), got {self.timeout}")
+        if self.on_step is not None and not callable(self.on_step):
+            raise InputTypeError(f"on_step must be a function (step, steps, loss), got {type(self.on_step).__name__}")
 
 
 class Driver:
@@ -142,20 +167,34 @@ class Driver:
                 raise RunError("setup", f"worker rank {r} exited with code {p.exitcode} {when}", r)
 
     # --- clocks ------------------------------------------------------------------------------------
-    def offsets(self, pings: int = 5) -> dict[int, int]:
-        """Worker clock minus driver clock (ns), from the ping with the shortest round trip."""
+    def offsets(self, pings: int = 5, timeout: float = 10.0) -> dict[int, int]:
+        """Worker clock minus driver clock (ns), from the ping with the shortest round trip. An idle worker
+        answers at once; one that does not within ``timeout`` (stopped, wedged) ends the run here."""
         out = {}
         for r, conn in self.conns.items():
             best = None
             for _ in range(pings):
                 t0 = time.perf_counter_ns()
                 send(conn, ("clock",))
+                if not self._answers(r, conn, timeout):
+                    self.healthy = False
+                    why = stopped_text(self._state(r)) or f"did not answer a clock ping within {timeout:.1f} s"
+                    raise RunError("hang", f"worker rank {r} (pid {self.info.get(r, {}).get('pid')}) {why}; "
+                                           f"the run could not begin", r)
                 msg = recv(conn)
                 t1 = time.perf_counter_ns()
                 if best is None or t1 - t0 < best[0]:
                     best = (t1 - t0, msg[1] - (t0 + t1) // 2)
             out[r] = best[1]  # type: ignore[index]
         return out
+
+    def _answers(self, r: int, conn: Connection, timeout: float) -> bool:
+        """Whether rank ``r`` has something to read within ``timeout`` s; False at once if it is stopped."""
+        deadline = time.monotonic() + timeout
+        while not conn.poll(min(0.25, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline or stopped_text(self._state(r)):
+                return False
+        return True
 
     # --- a run --------------------------------------------------------------------------------------
     def run(self, plan: ActorPlan, batches: Batches | None, opts: RunOptions) -> RunResult:
@@ -171,7 +210,7 @@ class Driver:
     def _run(self, plan: ActorPlan, batches: Batches | None, opts: RunOptions) -> RunResult:
         steps = opts.steps
         feeds = cut_feeds(plan, batches, steps)
-        offsets = self.offsets()
+        offsets = self.offsets(timeout=opts.timeout)
         self.run_id += 1
         self.plan = plan
         groups, pairs = plan.groups(), plan.pairs()
@@ -231,7 +270,7 @@ class Driver:
                             steps_seen[r] = steps
                         elif msg[0] == "error" and msg[1] == self.run_id:
                             self.healthy = False
-                            raise describe_failure(msg[2])
+                            self._failed(r, msg[2], plan, by_conn, by_sentinel)
                     if report:
                         show(min(steps_seen.values()))
                     now = time.monotonic()
@@ -284,15 +323,45 @@ class Driver:
                     asked.pop(r)
         return out
 
-    def _died(self, r: int, plan: ActorPlan) -> None:
-        self.healthy = False
-        p = self.procs[r] if r < len(self.procs) else None
-        if p is not None:
-            p.join(timeout=1)
-        code = f" with exit code {p.exitcode}" + (" (SIGKILL)" if p.exitcode == -9 else "") if p else ""
+    def _failed(self, r: int, info: dict, plan: ActorPlan, by_conn: dict, by_sentinel: dict) -> None:
+        """Rank ``r`` reports that a firing raised. A failed communication is often the echo of a peer
+        that died (its Gloo connections closed): if another rank ends within a moment, blame that one."""
+        actor = plan.ranks[r].by_name.get(info.get("actor") or "") if r in plan.ranks else None
+        grace = PEER_DEATH_GRACE_S if actor is not None and actor.lane == "comm" else 0.0  # else: look once
+        dead = self._peer_death(r, by_conn, by_sentinel, grace)
+        if dead is not None:
+            self._died(dead, plan, echo=(r, info))
+        raise describe_failure(info)
+
+    def _peer_death(self, r: int, by_conn: dict, by_sentinel: dict, grace_s: float) -> int | None:
+        """A rank other than ``r`` whose process ends or whose connection closes within ``grace_s``."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for q, p in enumerate(self.procs):
+                if q != r and not p.is_alive():
+                    return q
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            others = [o for o, q in list(by_conn.items()) + list(by_sentinel.items()) if q != r]
+            for obj in wait(others, timeout=min(left, 0.1)):
+                if obj in by_sentinel:
+                    return by_sentinel[obj]
+                try:
+                    recv(obj)  # a heartbeat or a report of its own: the run is over anyway
+                except (EOFError, OSError):
+                    return by_conn[obj]
+
+    def _state(self, r: int) -> str | None:
+        """Rank ``r``'s process state (``process_state``); known for spawned workers only (an external
+        worker's pid may be another machine's)."""
+        return process_state(self.procs[r].pid) if r < len(self.procs) else None
+
+    def _last_activity(self, r: int, plan: ActorPlan) -> tuple[str | None, str | None, str]:
+        """(actor, op, words) of rank ``r``'s last firings, read from its activity slots."""
         actor = op = None
         where = ""
-        if r < len(self.activity):
+        if r < len(self.activity) and r in plan.ranks:
             act = self.activity[r]
             actors = plan.ranks[r].actors
             if act[0] > 0:
@@ -302,14 +371,32 @@ class Driver:
             if act[2] > 0:
                 a = actors[act[2] - 1]
                 where += f"; its last communication was {a.name!r} ({a.label}) firing {act[3]}"
-        status = self._statuses({r})
+        return actor, op, where
+
+    def _died(self, r: int, plan: ActorPlan, echo: tuple[int, dict] | None = None) -> None:
+        self.healthy = False
+        p = self.procs[r] if r < len(self.procs) else None
+        if p is not None:
+            p.join(timeout=1)
+        code = f" with {exit_text(p.exitcode)}" if p else ""
+        actor, op, where = self._last_activity(r, plan)
+        status = self._statuses({r} | ({echo[0]} if echo else set()))
         lines = [f"worker rank {r} (pid {self.info.get(r, {}).get('pid')}) died{code} during the run{where}."]
+        if echo is not None:
+            q, info = echo
+            tb = info.get("traceback", "").strip()
+            lines.append(f"  rank {q}: its {info.get('actor') or 'run'!r} failed after that: "
+                         f"{tb.splitlines()[-1] if tb else 'unknown error'}")
         lines += [f"  rank {q}: {s['text']}" for q, ss in sorted(status.items()) for s in ss]
         raise RunError("died", "\n".join(lines), r, actor, op, status=status)
 
     def _hang(self, plan: ActorPlan, timeout: float, why: str) -> None:
+        """Blame, in this order: a rank whose process is stopped (SIGSTOP, a debugger), a rank that did
+        not answer, a rank inside a compute firing, any rank inside a firing. A rank waiting in a
+        collective is usually the victim of another one."""
         self.healthy = False
-        status = self._statuses(set())
+        stopped = [r for r in self.conns if stopped_text(self._state(r))]
+        status = self._statuses(set(stopped))  # a stopped rank cannot answer: do not wait for it
         lines = [f"run of {plan.name!r} hung: {why}."]
         culprit = None
         tb = ""
@@ -322,8 +409,16 @@ class Driver:
                     culprit = (r, s)
         missing = sorted(set(self.conns) - set(status))
         if missing:
-            lines.append(f"  ranks {missing} did not answer")
-        r, s = culprit if culprit else (missing[0] if missing else None, {})
+            for q in missing:
+                text = stopped_text(self._state(q))
+                _, _, where = self._last_activity(q, plan)
+                lines.append(f"  rank {q} (pid {self.info.get(q, {}).get('pid')}) "
+                             f"{text or 'did not answer'}{where}")
+            q = (stopped or missing)[0]
+            actor, op, _ = self._last_activity(q, plan)
+            culprit = (q, {"actor": actor, "op": op})
+            tb = ""  # a stack of another rank would point at a victim
+        r, s = culprit if culprit else (None, {})
         raise RunError("hang", "\n".join(lines), r, s.get("actor"), s.get("op"), tb, status)
 
     # --- shutting down ------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import SbplabError
 
-class RunError(RuntimeError):
+
+class RunError(SbplabError, RuntimeError):
     """A run failed on the workers.
 
     kind: "exception" (a firing raised), "died" (a worker process ended, e.g. SIGKILL),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import InputTypeError
 from .actor_plan import ActorPlan
 from .results import Batches
 
@@ -34,8 +35,8 @@ def plan_and_batches(step: Any, inputs: Any, world_size: int) -> tuple[ActorPlan
     if isinstance(step, Runnable):
         plan = step.plan(world_size=world_size)
         if not isinstance(plan, ActorPlan):
-            raise TypeError(f"{type(step).__name__}.plan(world_size={world_size}) returned "
-                            f"{type(plan).__name__}, not an ActorPlan")
+            raise InputTypeError(f"{type(step).__name__}.plan(world_size={world_size}) returned "
+                                 f"{type(plan).__name__}, not an ActorPlan")
         return plan, step.feeds(inputs)
-    raise TypeError(f"run needs an ActorPlan or a compiled step (sl.compile(...), or any object with "
-                    f"plan(world_size=...) and feeds(inputs)); got {type(step).__name__}")
+    raise InputTypeError(f"run needs an ActorPlan or a compiled step (sl.compile(...), or any object with "
+                         f"plan(world_size=...) and feeds(inputs)); got {type(step).__name__}")

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..boxing.kinds import collective_names, kind_of
+from ..errors import SbplabError
 from ..placement import Placement
 from ..sbp import NdSbp, as_nd_sbp, fmt_sbp
 
@@ -37,7 +38,7 @@ REDUCE_OPS = ("sum", "max", "min", "avg")
 MICRO_REDUCE = ("mean", "sum", "stack", "last")
 
 
-class PlanError(ValueError):
+class PlanError(SbplabError, ValueError):
     """A plan that cannot run: the message names the rank, the actor and the broken invariant."""
 
 

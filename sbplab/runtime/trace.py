@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .firing import FiringGraph
-from .specs import Recv, Send
+from .specs import Actor, Collective, Recv, Send
 
 if TYPE_CHECKING:
     from .actor_plan import ActorPlan
@@ -41,6 +41,8 @@ class TraceEvent:
     start: float
     end: float
     bytes: int = 0
+    mesh_axis: int | None = None  # a collective's mesh axis (None: not a collective, or a hand-built plan)
+    group: tuple[int, ...] = ()  # ranks taking part: a collective's group, (sender, receiver) of a transfer
 
     @property
     def dur(self) -> float:
@@ -105,10 +107,14 @@ class Trace:
                             "args": {"name": base}})
                 out.append({"ph": "M", "name": "thread_sort_index", "pid": e.rank, "tid": tid,
                             "args": {"sort_index": tid}})
+            args = {"op": e.op, "kind": e.kind, "step": e.step, "micro": e.micro, "firing": e.firing,
+                    "bytes": e.bytes}
+            if e.mesh_axis is not None:
+                args["mesh_axis"] = e.mesh_axis
+            if e.group:
+                args["group"] = list(e.group)
             out.append({"ph": "X", "name": e.actor, "cat": e.phase, "pid": e.rank, "tid": tid,
-                        "ts": round(e.start, 3), "dur": round(max(e.dur, 0.001), 3),
-                        "args": {"op": e.op, "kind": e.kind, "step": e.step, "micro": e.micro,
-                                 "firing": e.firing, "bytes": e.bytes}})
+                        "ts": round(e.start, 3), "dur": round(max(e.dur, 0.001), 3), "args": args})
         for r in sorted({e.rank for e in self.events}):
             out.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
         for n, (a, b) in enumerate(self.flows):
@@ -143,6 +149,17 @@ def _pack_rows(events: list[TraceEvent]) -> list[int]:
     return rows
 
 
+def _where(rank: int, a: Actor) -> tuple[int | None, tuple[int, ...]]:
+    """(mesh axis, ranks taking part) of a communication actor, so pictures tell the groups apart."""
+    if isinstance(a, Collective):
+        return a.mesh_axis, a.group
+    if isinstance(a, Send):
+        return None, (rank, a.peer)
+    if isinstance(a, Recv):
+        return None, (a.peer, rank)
+    return None, ()
+
+
 def build_trace(plan: ActorPlan, steps: int, raw: dict[int, list[tuple]], offsets_ns: dict[int, int],
                 t0_ns: int) -> Trace:
     """Turn per-rank raw firings ``(node, k, lane, t0, t1, bytes)`` into a Trace on the driver clock."""
@@ -157,7 +174,7 @@ def build_trace(plan: ActorPlan, steps: int, raw: dict[int, list[tuple]], offset
             a = n.actor
             start, end = (a0 - off - t0_ns) / 1e3, (a1 - off - t0_ns) / 1e3
             events.append(TraceEvent(r, LANES[lane], a.name, a.label, a.kind, a.phase, g.step_of(n, k),
-                                     g.micro_of(n, k), k, start, end, nb))
+                                     g.micro_of(n, k), k, start, end, nb, *_where(r, a)))
     events.sort(key=lambda e: (e.start, e.rank))
     index = {(e.rank, e.actor, e.firing): i for i, e in enumerate(events)}
     sender = {(r, a.peer, a.tag): a.name for r, rp in plan.ranks.items() for a in rp.actors

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from multiprocessing import Pipe
-from multiprocessing.connection import Client, Connection, wait
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge, wait
 
 import torch
 
@@ -173,11 +173,23 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="sbplab-parent-watch", daemon=True).start()
 
 
+def connect(address: tuple[str, int], token: bytes) -> Connection:
+    """The authenticated connection to the driver. multiprocessing's ``Client`` opens an IPv4 socket for
+    any (host, port), so an IPv6 driver address ("::1") gets its socket here and the same handshake."""
+    if ":" not in address[0]:
+        return Client(address, authkey=token)
+    with socket.create_connection(address) as s:
+        conn = Connection(s.detach())
+    answer_challenge(conn, token)
+    deliver_challenge(conn, token)
+    return conn
+
+
 def worker_main(address: tuple[str, int], token: bytes, rank: int | None = None, activity=None) -> None:
     """Entry point of a worker process (spawned: ``rank`` given; torchrun: read from the environment).
 
     activity: this rank's activity slots (``ActivityBoard.slot``), or None."""
-    conn = Client(address, authkey=token)
+    conn = connect(address, token)
     env_rank = rank if rank is not None else int(os.environ.get("RANK", "-1"))
     send(conn, ("hello", {"rank": env_rank, "pid": os.getpid(), "host": socket.gethostname(),
                          "world_size": int(os.environ.get("WORLD_SIZE", "0")),

@@ -9,5 +9,6 @@ from __future__ import annotations
 from .result import Predicted, SearchResult
 from .search_api import search
 from .search_errors import SearchError
+from .search_progress import SearchProgress
 
-__all__ = ["Predicted", "SearchError", "SearchResult", "search"]
+__all__ = ["Predicted", "SearchError", "SearchProgress", "SearchResult", "search"]

@@ -44,8 +44,9 @@ def simulate_candidate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn:
 
 def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
            target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
-           notes: list[str]) -> tuple[Candidate, Predicted]:
-    """The winner among ``ranked`` (cheapest first) and its prediction."""
+           notes: list[str], on_each: Callable[[Candidate], None] | None = None) -> tuple[Candidate, Predicted]:
+    """The winner among ``ranked`` (cheapest first) and its prediction; ``on_each(c)`` after each
+    candidate is simulated (or fails to be), for a progress bar."""
     first = ranked[0]
     analytic = Predicted(first.step_time, first.memory, "analytic", first.step_time, first.memory)
     if top <= 0 or _simulator() is None:
@@ -59,6 +60,9 @@ def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple,
         except Exception as e:  # a candidate the compiler or simulator rejects is reported, not fatal
             notes.append(f"{c.describe()} could not be simulated: {type(e).__name__}: {str(e).splitlines()[0]}")
             continue
+        finally:
+            if on_each is not None:
+                on_each(c)
         if memory_limit is None or c.simulated_memory <= memory_limit:
             simulated.append(c)
     if not simulated:

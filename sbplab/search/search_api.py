@@ -33,6 +33,7 @@ from .problem import OpProblem, build_problem
 from .rerank import rerank
 from .result import SearchResult
 from .search_errors import SearchError
+from .search_progress import ProgressCallback, ProgressReporter
 from .solve import METHODS, solve_space
 
 
@@ -102,7 +103,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
            memory_limit: float | None = None, method: str = "auto", time_budget: float | None = None,
            seed: int = 0, *, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
            node_size: int | None = None, max_mesh_ndim: int = 2, reduce: bool | None = None,
-           rerank_top: int = 3, simulate: bool = True) -> SearchResult:
+           rerank_top: int = 3, simulate: bool = True, on_progress: ProgressCallback | None = None) -> SearchResult:
     """Search strategies for ``model`` (traced like ``sl.compile``) on ``devices`` ranks of ``hardware``.
 
     memory_limit: bytes per device no strategy may exceed (analytic memory; the simulator's where
@@ -111,8 +112,15 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     time_budget: seconds; when it runs out, the best found so far is returned with ``best_so_far`` set.
     reduce: merge follower ops and tie repeated layers (``shrink.py``); default: above 40 forward ops.
     rerank_top: how many of the cheapest candidates to compile and re-rank by ``sl.simulate``.
+    on_progress: called with a ``SearchProgress`` after each unit of work (a preset priced, a space
+        solved, a finalist simulated) and once at the end; for a progress bar. Without it nothing extra runs.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise SearchError(f"sl.search needs a torch.nn.Module to search strategies for, got {type(model).__name__}")
     _check_args(devices, hardware, memory_limit, method, time_budget)
+    if on_progress is not None and not callable(on_progress):
+        raise SearchError(f"sl.search: on_progress must be a function of one SearchProgress or None, got "
+                          f"{type(on_progress).__name__}")
     hw = hardware or Hardware.cpu_box()
     xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     space = Space(model, xs, loss_fn, target, optimizer, hw)
@@ -123,11 +131,17 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     if any(z not in ZERO_LEVELS for z in zero_levels):
         raise SearchError(f"sl.search: zero_levels must be drawn from {ZERO_LEVELS}, got {zero_levels}")
     clock = Clock(time_budget)
+    report = ProgressReporter(on_progress, clock, memory_limit)
     notes: list[str] = []
-    presets = _presets(space, int(devices), pipelines, clock, notes)
+    meshes = mesh_choices(int(devices), hw, node_size, max_mesh_ndim)
+    pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines and report.active else None
+    if report.active:  # the whole plan up front, so the bar moves steadily
+        report.plan(len(meshes) * len(zero_levels) + len(pipe_spaces or ()) * len(zero_levels)
+                    + (max(0, rerank_top) if simulate else 0))
+    presets = _presets(space, int(devices), pipelines, clock, notes, report)
     candidates: list[Candidate] = []
     least: list[tuple[int, str]] = []
-    for mesh in mesh_choices(int(devices), hw, node_size, max_mesh_ndim):
+    for mesh in meshes:
         if clock.expired() and candidates:
             break
         pr = space.problem(mesh)
@@ -136,15 +150,17 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
             seeds = [p.assign for p in presets if p.mesh.shape == mesh.shape and p.n_stages == 1 and p.zero == z]
             assign, ran = solve_space(pr, z, method, memory_limit, clock, seeds, seed, reduce)
             if assign is None:
+                report.step("meshes")
                 continue
             c = Candidate(f"searched ({ran})", ran, mesh, z, 1, 1, assign, pr.cost(assign, z), pr.memory(assign, z), pr)
             clock.record(ran, c.step_time)
             candidates.append(c)
+            report.step("meshes", c)
             if clock.expired():
                 break
     if pipelines and not clock.expired():
         candidates += _pipelines(space, int(devices), base, method, memory_limit, clock, seed, zero_levels,
-                                 node_size, reduce, least)
+                                 node_size, reduce, least, report, pipe_spaces)
     feasible = [c for c in candidates if c.feasible(memory_limit)]
     if not feasible:
         if memory_limit is not None and least:
@@ -155,32 +171,36 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
         raise SearchError("sl.search: the time budget ran out before any candidate was priced; raise time_budget")
     feasible.sort(key=lambda c: c.step_time)
     best, predicted = rerank(feasible, rerank_top if simulate else 0, model, xs, loss_fn, target, optimizer, hw,
-                             memory_limit, notes)
+                             memory_limit, notes, on_each=(lambda c: report.step("simulating")) if report.active else None)
+    report.finish(best)
     return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
                         method, clock.elapsed(), notes)
 
 
-def _presets(space: Space, devices: int, pipelines: bool, clock: Clock, notes: list[str]) -> list[Candidate]:
+def _presets(space: Space, devices: int, pipelines: bool, clock: Clock, notes: list[str],
+             report: ProgressReporter) -> list[Candidate]:
     out = []
-    for spec in applicable_presets(devices, space.batch, pipelines):
+    specs = applicable_presets(devices, space.batch, pipelines)
+    report.plan(len(specs))
+    for spec in specs:
         try:
             pc = preset_choice(space.graph(spec.micro_batches), spec, space.hw)
             c = _price_preset(space, pc)
         except (ValueError, GraphError) as e:  # a preset that does not fit this model
             notes.append(f"preset {spec.name} skipped: {str(e).splitlines()[0]}")
+            report.step("presets")
             continue
         clock.record("presets", c.step_time)
         out.append(c)
+        report.step("presets")
     return out
 
 
-def _pipelines(space: Space, devices: int, base: Graph, method: str, memory_limit: float | None, clock: Clock,
-               seed: int, zero_levels: tuple[int, ...], node_size: int | None, reduce: bool | None,
-               least: list) -> list[Candidate]:
-    """Pipelines of 2, 4, 8 stages (where the layers allow), 2S and 4S micro-batches, each stage mesh
-    solved on the micro-batch graph and cut by the dynamic program."""
-    out = []
+def _pipeline_spaces(space: Space, devices: int, node_size: int | None) -> list[tuple[int, int, MeshChoice]]:
+    """(stages S, micro-batches M, stage mesh) to solve: 2, 4, 8 stages where the layers allow, 2S and 4S
+    micro-batches where the batch divides, every mesh of the ranks one stage gets."""
     n_layers = len(blocks_of(space.problem(MeshChoice((1,), (0,)))))
+    out = []
     for S in (2, 4, 8):
         if devices % S or S > n_layers:
             continue
@@ -188,23 +208,36 @@ def _pipelines(space: Space, devices: int, base: Graph, method: str, memory_limi
         for M in (2 * S, 4 * S):
             if space.batch % M:
                 continue
-            for mesh in mesh_choices(k, space.hw, node_size):
-                if clock.expired():
-                    return out
-                try:
-                    pr = space.problem(mesh, M)
-                except (ValueError, GraphError):
-                    continue
-                for z in zero_levels:
-                    assign, ran = solve_space(pr, z, method, None, clock, [], seed, reduce)
-                    if assign is None:
-                        continue
-                    cut = best_cut(pr, assign, z, S)
-                    if cut is None:
-                        continue
-                    least.append((cut.memory, f"{S} stages of {mesh.describe(space.hw)}, ZeRO-{z}"))
-                    c = Candidate(f"searched ({ran})", ran, mesh, z, S, M, assign, cut.step_time, cut.memory, pr,
-                                  cut.stage_of_op, note=f"bubble {cut.bubble:.0%}")
-                    clock.record(ran, c.step_time)
-                    out.append(c)
+            out += [(S, M, mesh) for mesh in mesh_choices(k, space.hw, node_size)]
+    return out
+
+
+def _pipelines(space: Space, devices: int, base: Graph, method: str, memory_limit: float | None, clock: Clock,
+               seed: int, zero_levels: tuple[int, ...], node_size: int | None, reduce: bool | None,
+               least: list, report: ProgressReporter,
+               spaces: list[tuple[int, int, MeshChoice]] | None = None) -> list[Candidate]:
+    """Pipelines of 2, 4, 8 stages (where the layers allow), 2S and 4S micro-batches, each stage mesh
+    solved on the micro-batch graph and cut by the dynamic program."""
+    out = []
+    for S, M, mesh in _pipeline_spaces(space, devices, node_size) if spaces is None else spaces:
+        if clock.expired():
+            return out
+        try:
+            pr = space.problem(mesh, M)
+        except (ValueError, GraphError):
+            for _ in zero_levels:
+                report.step("pipelines")
+            continue
+        for z in zero_levels:
+            assign, ran = solve_space(pr, z, method, None, clock, [], seed, reduce)
+            cut = best_cut(pr, assign, z, S) if assign is not None else None
+            if cut is None:
+                report.step("pipelines")
+                continue
+            least.append((cut.memory, f"{S} stages of {mesh.describe(space.hw)}, ZeRO-{z}"))
+            c = Candidate(f"searched ({ran})", ran, mesh, z, S, M, assign, cut.step_time, cut.memory, pr,
+                          cut.stage_of_op, note=f"bubble {cut.bubble:.0%}")
+            clock.record(ran, c.step_time)
+            out.append(c)
+            report.step("pipelines", c)
     return out

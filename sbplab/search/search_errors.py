@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import SbplabError
 
-class SearchError(ValueError):
+
+class SearchError(SbplabError, ValueError):
     """A search request that cannot be served (devices, model, memory limit, method, budget)."""

@@ -10,14 +10,30 @@ _PALETTE = (
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
 )
 
-# One hue per kind of work; micro-batches get lighter or darker shades of it.
+# Compute is one family of blues, a shade per phase, so "the ranks are computing" reads at a glance;
+# communication gets warm hues, one per mesh axis, so data-parallel and tensor-parallel collectives
+# tell apart; transfers between placements are red; idle time is a pale grey.
 KIND_COLORS = {
-    "forward": "#4e79a7",
-    "backward": "#e15759",
-    "update": "#59a14f",
-    "communication": "#f28e2b",
+    "forward": "#6baed6",
+    "backward": "#2171b5",
+    "update": "#08306b",
+    "collective": "#f28e2b",  # a collective whose mesh axis the trace does not say
+    "p2p": "#d62728",
+    "idle": "#d9d9d9",
     "other": "#9c755f",
 }
+
+# One hue per mesh axis (axis 0 = the first axis of the placement): orange, purple, gold, pink, teal.
+AXIS_COLORS = ("#f28e2b", "#9467bd", "#d4a92a", "#e377c2", "#17becf")
+
+
+def axis_color(axis: int | None) -> str:
+    """The colour of collectives on mesh axis ``axis`` (None: axis unknown)."""
+    if axis is None:
+        return KIND_COLORS["collective"]
+    if axis < 0:
+        raise ValueError(f"a mesh axis is >= 0, got {axis}")
+    return AXIS_COLORS[axis % len(AXIS_COLORS)]
 
 
 def device_color(rank: int) -> str:

@@ -59,12 +59,20 @@ def render_svg(source: str, timeout: float = 60.0) -> str:
 
 @dataclass(frozen=True)
 class DotPicture:
-    """A graph as DOT text; shows as SVG in a notebook when ``dot`` exists, as text otherwise."""
+    """A graph as DOT text; shows as a pan-and-zoom SVG in a notebook when ``dot`` exists, as text
+    otherwise."""
 
     source: str
 
     def svg(self) -> str:
         return render_svg(self.source)
+
+    def html(self, min_font_px: float = 9.0, max_height_px: int | None = 640) -> str:
+        """The SVG in a box that fills the page width and pans and zooms, its text never drawn under
+        ``min_font_px`` pixels (``zoom_box``); what a notebook shows."""
+        from .zoom_box import zoom_box
+
+        return zoom_box(self.svg(), min_font_px=min_font_px, max_height_px=max_height_px)
 
     def to_graphviz(self):
         """A ``graphviz.Source`` (needs the Python package) for saving as PNG/PDF."""
@@ -72,8 +80,8 @@ class DotPicture:
 
         return graphviz.Source(self.source)
 
-    def _repr_svg_(self) -> str | None:
-        return self.svg() if dot_available() else None
+    def _repr_html_(self) -> str | None:
+        return self.html() if dot_available() else None  # else the DOT text (``__str__``)
 
     def __str__(self) -> str:
         return self.source

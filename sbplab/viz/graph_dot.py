@@ -95,6 +95,10 @@ def logical_dot(graph: Any, phases: Sequence[str] = ("forward",), collapse: bool
             label = f"{t}\n{tensor_label(tn.meta)}" if tn.role != "const" else t
             place(u if tn.role in ("param", "state") else None, node(src_id[t], label=label,
                                                                        **SOURCE_STYLE.get(tn.role, {})))
+            if tn.role in ("param", "state") and u == unit_of(o.module) and op_id[o.name].startswith("op:"):
+                # beside the op that reads it, not on a row of its own: rows of parameters push every
+                # cluster sideways, and a two-block model drifted diagonally across 2,300 points
+                place(u, f"{{rank=same; {q(src_id[t])}; {q(op_id[o.name])};}}")
     edges: list[str] = []
     seen: set[tuple[str, str]] = set()
     drawn_boxes: set[int] = set()

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError, InputKeyError, InputTypeError
 from ..layout import Block, check_layout, holds_value, local_block
 from ..placement import Placement
 from ..sbp import NdSbp, Partial, Split, as_nd_sbp, fmt_sbp
@@ -35,9 +36,9 @@ def dtype_short(dtype: torch.dtype | str) -> str:
         try:
             dtype = getattr(torch, dtype.removeprefix("torch."))
         except AttributeError:
-            raise ValueError(f"unknown dtype {dtype!r}; use a torch dtype name such as 'float32'") from None
+            raise InputError(f"unknown dtype {dtype!r}; use a torch dtype name such as 'float32'") from None
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+        raise InputTypeError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
     return _DTYPE_SHORT.get(dtype, str(dtype).removeprefix("torch."))
 
 
@@ -70,17 +71,17 @@ class LayoutPicture:
     placement: Placement
     sbp: NdSbp  # one entry per mesh axis
     dtype: torch.dtype = torch.float32
-    name: str = "x"
+    name: str = ""  # the tensor's name, shown in titles and panel labels when it has one
     blocks: tuple[DeviceBlock, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         shape = tuple(int(s) for s in self.shape)
         if any(s < 0 for s in shape):
-            raise ValueError(f"{self.name}: shape {shape} has a negative dim")
+            raise InputError(f"{self.what}: shape {shape} has a negative dim")
         object.__setattr__(self, "shape", shape)
-        nd = as_nd_sbp(self.sbp, self.placement.ndim, len(shape), what=self.name)
+        nd = as_nd_sbp(self.sbp, self.placement.ndim, len(shape), what=self.what)
         object.__setattr__(self, "sbp", nd)
-        check_layout(shape, self.placement, nd, what=self.name)
+        check_layout(shape, self.placement, nd, what=self.what)
         dtype_short(self.dtype)  # validates
         partial = tuple(a for a, x in enumerate(nd) if isinstance(x, Partial))
         blocks = []
@@ -92,6 +93,11 @@ class LayoutPicture:
                 holds_value=holds_value(self.placement, nd, rank),
             ))
         object.__setattr__(self, "blocks", tuple(blocks))
+
+    @property
+    def what(self) -> str:
+        """How error messages name the tensor."""
+        return self.name or "tensor"
 
     # --- JAX-like type strings -------------------------------------------------------------
     def axis_label(self, axis: int) -> str:
@@ -133,15 +139,17 @@ class LayoutPicture:
         return len({b.local_shape for b in self.blocks}) > 1
 
     def summary(self) -> str:
-        """``x: f32[8@axis0,6] (S(0), B) local f32[4,6]``: one line, for captions and widget labels."""
-        return f"{self.name}: {self.type_string()} {fmt_sbp(self.sbp)} local {' | '.join(self.local_types())}"
+        """``x: f32[8@axis0,6] (S(0), B) local f32[4,6]``: one line, for captions and widget labels (the
+        ``x: `` only when the tensor has a name)."""
+        head = f"{self.name}: " if self.name else ""
+        return f"{head}{self.type_string()} {fmt_sbp(self.sbp)} local {' | '.join(self.local_types())}"
 
     # --- the grid of distinct blocks -----------------------------------------------------------
     def block_of(self, rank: int) -> DeviceBlock:
         for b in self.blocks:
             if b.rank == rank:
                 return b
-        raise KeyError(f"rank {rank} is not in placement {self.placement}")
+        raise InputKeyError(f"rank {rank} is not in placement {self.placement}")
 
     @property
     def plane_dims(self) -> tuple[int | None, int | None]:
@@ -247,9 +255,14 @@ class LayoutPicture:
         return self.to_svg()
 
     def _repr_html_(self) -> str:
+        """The SVG at its own size (text never shrinks to fit a narrow cell: the box scrolls instead),
+        with the text form folded underneath."""
         import html
 
-        return (f"<div class='sbplab-layout'>{self.to_svg()}<details><summary>text</summary>"
+        from .zoom_box import zoom_box
+
+        box = zoom_box(self.to_svg(), max_height_px=None, title=self.summary(), grow=1.0)
+        return (f"<div class='sbplab-layout'>{box}<details><summary>text</summary>"
                 f"<pre>{html.escape(self.text())}</pre></details></div>")
 
 
@@ -257,25 +270,27 @@ def layout_picture(x: Any, placement: Placement | None = None, sbp: Any = None,
                    dtype: torch.dtype | str | None = None, name: str | None = None) -> LayoutPicture:
     """The layout of a global tensor, or of a (shape, placement, sbp) triple.
 
-    ``layout_picture(t)`` reads ``t.shape``, ``t.placement``, ``t.sbp`` (and ``t.dtype``) from a
-    global tensor; ``layout_picture((8, 6), mesh, "S(0), B")`` needs no data at all.
+    ``layout_picture(t)`` reads ``t.shape``, ``t.placement``, ``t.sbp`` (and ``t.dtype`` and
+    ``t.name``) from a global tensor; ``layout_picture((8, 6), mesh, "S(0), B")`` needs no data at
+    all. ``name`` titles the picture (default: the global tensor's name; a bare shape has none).
     """
     if hasattr(x, "placement") and hasattr(x, "sbp"):
         placement = placement or x.placement
         sbp = sbp if sbp is not None else x.sbp
         dtype = dtype or getattr(x, "dtype", None)
+        name = name or getattr(x, "name", None)
         shape: Sequence[int] = tuple(x.shape)
     elif isinstance(x, torch.Size) or isinstance(x, (tuple, list)):
         shape = tuple(x)
     elif isinstance(x, int):
         shape = (x,)
     else:
-        raise TypeError(f"layout_picture needs a global tensor or a shape, got {type(x).__name__}")
+        raise InputTypeError(f"layout_picture needs a global tensor or a shape, got {type(x).__name__}")
     if placement is None or sbp is None:
-        raise ValueError("layout_picture of a shape needs placement= and sbp=")
+        raise InputError("layout_picture of a shape needs placement= and sbp=")
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.removeprefix("torch."), None) or dtype
-    return LayoutPicture(tuple(shape), placement, sbp, dtype or torch.float32, name or "x")
+    return LayoutPicture(tuple(shape), placement, sbp, dtype or torch.float32, name or "")
 
 
 def type_string(shape: Sequence[int], placement: Placement, sbp: Any,

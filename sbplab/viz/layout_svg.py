@@ -15,6 +15,16 @@ from html import escape
 
 from ..sbp import fmt_sbp
 from .colors import device_color
+from .layout_labels import (
+    CHAR_W,
+    MIN_FONT,
+    block_ranges,
+    fit_side,
+    holder_lines,
+    mesh_text,
+    plane_size,
+    spaced_cuts,
+)
 from .layout_picture import DeviceBlock, LayoutPicture, fmt_range, partial_word
 
 FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
@@ -22,12 +32,6 @@ HALO = "paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round"
 PAD = 10
 WRAP_1D = 8  # tiles per row for a 1-D mesh
 WRAP_SLABS = 4  # slab panels per row
-
-
-def _plane_size(rows: int, cols: int, side: float) -> tuple[float, float]:
-    """Width and height of a (rows, cols) plane whose longer side is ``side``; never thinner than 30%."""
-    big = max(rows, cols, 1)
-    return max(side * cols / big, side * 0.3), max(side * rows / big, side * 0.3)
 
 
 class _Svg:
@@ -44,6 +48,7 @@ class _Svg:
 
     def text(self, x: float, y: float, s: str, size: int = 11, cls: str = "label", anchor: str = "start",
              weight: str = "normal", halo: bool = False) -> None:
+        size = max(size, MIN_FONT)
         style = FONT + (";" + HALO if halo else "")
         self.add(f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
                  f'font-weight="{weight}" style="{style}">{escape(s)}</text>',
@@ -64,16 +69,12 @@ def _axis_map(pic: LayoutPicture, dim: int | None, origin: float, length: float)
     return f
 
 
-def _ranges(pic: LayoutPicture, block, dim: int | None) -> tuple[int, int]:
-    return block[dim] if dim is not None else (0, 1)
-
-
 def _tensor_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> float:
     r_dim, c_dim = pic.plane_dims
     rows = pic.shape[r_dim] if r_dim is not None else 1
     cols = pic.shape[c_dim] if c_dim is not None else 1
-    side = 190.0 if len(pic.slabs) == 1 else 130.0
-    pw, ph = _plane_size(rows, cols, side)
+    side = fit_side(pic, 190.0 if len(pic.slabs) == 1 else 130.0)
+    pw, ph = plane_size(rows, cols, side)
     svg.text(PAD, top + 12, "tensor: who holds each block", cls="section", weight="bold")
     top += 22
     bottom = top
@@ -84,16 +85,18 @@ def _tensor_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
             svg.text(x0, y0 - 5, f"{pic.name}{pic.slab_label(slab)}", cls="slab-label")
         xmap, ymap = _axis_map(pic, c_dim, x0, pw), _axis_map(pic, r_dim, y0, ph)
         for blk in pic.plane_blocks(slab):
-            (r0, r1), (c0, c1) = _ranges(pic, blk, r_dim), _ranges(pic, blk, c_dim)
+            (r0, r1), (c0, c1) = block_ranges(pic, blk, r_dim), block_ranges(pic, blk, c_dim)
             x, y, w, h = xmap(c0), ymap(r0), xmap(c1) - xmap(c0), ymap(r1) - ymap(r0)
             _block(svg, pic, pic_id, blk, x, y, w, h)
-        # axis ticks: the cut points, so uneven splits read as numbers too
+        # axis ticks: the cut points, so uneven splits read as numbers too (thinned where they would touch)
         if c_dim is not None:
-            for c in sorted({e for b in pic.plane_blocks(slab) for e in b[c_dim]}):
-                svg.text(xmap(c), y0 + ph + 12, str(c), size=9, cls="tick", anchor="middle")
+            cuts = sorted({e for b in pic.plane_blocks(slab) for e in b[c_dim]})
+            for c in spaced_cuts(cuts, xmap, lambda c: len(str(c)) * MIN_FONT * CHAR_W + 4):
+                svg.text(xmap(c), y0 + ph + 12, str(c), size=MIN_FONT, cls="tick", anchor="middle")
         if r_dim is not None:
-            for r in sorted({e for b in pic.plane_blocks(slab) for e in b[r_dim]}):
-                svg.text(x0 - 4, ymap(r) + 3, str(r), size=9, cls="tick", anchor="end")
+            cuts = sorted({e for b in pic.plane_blocks(slab) for e in b[r_dim]})
+            for r in spaced_cuts(cuts, ymap, lambda r: MIN_FONT + 2):
+                svg.text(x0 - 4, ymap(r) + 3, str(r), size=MIN_FONT, cls="tick", anchor="end")
         bottom = max(bottom, y0 + ph + 16)
     dims = f"rows = dim {r_dim}, cols = dim {c_dim}" if r_dim is not None else (
         f"one row = dim {c_dim}" if c_dim is not None else "scalar")
@@ -122,7 +125,10 @@ def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, 
     cw, sep = 18.0, 9.0
     total = len(ranks) * cw + (len(ranks) - 1) * sep
     if len(ranks) == 1 or total > w - 4 or h < 16:
-        svg.text(x + w / 2, y + h / 2 + 4, label, size=11, cls="holders", anchor="middle", halo=True)
+        lines = holder_lines(pic, blk)
+        top = y + h / 2 + 4 - (len(lines) - 1) * 13 / 2
+        for i, line in enumerate(lines):
+            svg.text(x + w / 2, top + 13 * i, line, size=11, cls="holders", anchor="middle", halo=True)
         return
     cx, cy = x + (w - total) / 2, y + h / 2 - 7
     for gi, g in enumerate(groups):
@@ -158,7 +164,7 @@ def _device_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
     r_dim, c_dim = pic.plane_dims
     rows = pic.shape[r_dim] if r_dim is not None else 1
     cols = pic.shape[c_dim] if c_dim is not None else 1
-    pw, ph = _plane_size(rows, cols, 80.0)
+    pw, ph = plane_size(rows, cols, 80.0)
     tw, th = max(pw, 86.0) + 14, ph + 58
     pl = pic.placement
     axes = "  ".join(f"{pl.axis_label(a)}: {x!r}" for a, x in enumerate(pic.sbp))
@@ -196,7 +202,7 @@ def _tile(svg: _Svg, pic: LayoutPicture, pic_id: str, b: DeviceBlock, x: float, 
     svg.add(f'<rect class="outline" x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" '
             f'fill="#eee" stroke="#999" stroke-width="0.8"/>')
     xmap, ymap = _axis_map(pic, c_dim, px, pw), _axis_map(pic, r_dim, py, ph)
-    (r0, r1), (c0, c1) = _ranges(pic, b.block, r_dim), _ranges(pic, b.block, c_dim)
+    (r0, r1), (c0, c1) = block_ranges(pic, b.block, r_dim), block_ranges(pic, b.block, c_dim)
     cls = "held partial" if partial else "held"
     rng = ",".join(f"{s}:{e}" for s, e in b.block)
     svg.add(f'<rect class="{cls}" data-rank="{b.rank}" data-block="{rng}" x="{xmap(c0):.1f}" '
@@ -224,7 +230,7 @@ def layout_svg(pic: LayoutPicture) -> str:
     pl = pic.placement
     svg.text(PAD, 16, pic.summary(), size=12, cls="title", weight="bold")
     svg.text(PAD, 31, f"SBP {fmt_sbp(pic.sbp)} on {pl.device_type} mesh "
-             f"{'x'.join(map(str, pl.shape))} {pl.mesh.tolist()}", size=10, cls="subtitle")
+             f"{'x'.join(map(str, pl.shape))} {mesh_text(pic)}", size=10, cls="subtitle")
     y = _tensor_view(svg, pic, pic_id, 40)
     y = _device_view(svg, pic, pic_id, y + 4)
     if any(b.partial_axes for b in pic.blocks):

@@ -4,7 +4,8 @@ every boxing step highlighted with its collective and the bytes this rank sends.
 Edges carry the local shape and the SBP the shard is a piece of. Members of one collective are
 joined by a dashed orange line across ranks, send/recv pairs by a red arrow, so the global
 collective order can be read off the picture. With the logical graph at hand, repeated layers
-collapse per rank exactly as in the logical picture.
+collapse per rank exactly as in the logical picture. Rank clusters sit two to a row (``columns``),
+further rows below, so a picture of four ranks keeps readable text in a notebook's width.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..errors import InputError
 from ..fmt import fmt_bytes
 from ..sbp import fmt_sbp
 from .colors import device_color
@@ -72,10 +74,32 @@ def _stages(phys: Any) -> dict[int, int]:
     return {r: c.most_common(1)[0][0] for r, c in counts.items()}
 
 
+def _stack(per_rank_ids: dict[int, list[str]], same_rank: set[tuple[str, str]], rows: list[list[int]]) -> list[str]:
+    """Invisible edges that put each row of rank clusters below the row above it: from the last node of
+    a cluster to every node of the cluster below that reads nothing on its own rank (its roots)."""
+    out = []
+    for upper, lower in zip(rows, rows[1:]):
+        for a, b in zip(upper, lower):
+            if not per_rank_ids.get(a) or not per_rank_ids.get(b):
+                continue
+            last = per_rank_ids[a][-1]
+            fed = {d for _, d in same_rank}
+            for root in (x for x in per_rank_ids[b] if x not in fed):
+                out.append(edge(last, root, style="invis", weight="0"))
+    return out
+
+
 def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = None,
                  phases: Sequence[str] = ("forward",), show_sources: bool = False, collapse: bool = True,
-                 keep: int = 1, title: str | None = None) -> str:
-    """DOT text of a ``PhysicalGraph``; ``graph`` (the logical Graph or a Deduction) enables collapsing."""
+                 keep: int = 1, title: str | None = None, columns: int = 2) -> str:
+    """DOT text of a ``PhysicalGraph``; ``graph`` (the logical Graph or a Deduction) enables collapsing.
+
+    columns: rank clusters side by side per row (within a pipeline stage); more ranks wrap onto rows
+        below, so a picture of many ranks grows downwards (a notebook scrolls) instead of shrinking
+        its text to fit the width.
+    """
+    if columns < 1:
+        raise InputError(f"columns must be >= 1 (rank clusters per row), got {columns}")
     graph = getattr(graph, "graph", graph)
     want = set(phys.ranks if ranks is None else ranks)
     shown = [n for n in phys.nodes if n.rank in want and n.phase in phases
@@ -129,11 +153,17 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
     stage_of = _stages(phys)
     body: list[str] = []
     stages = sorted({stage_of.get(r, 0) for r in want})
+    rank_ids: dict[int, list[str]] = {}
+    for n in shown:
+        if ids[n.id] not in rank_ids.setdefault(n.rank, []):
+            rank_ids[n.rank].append(ids[n.id])
+    same_rank = {(ids[r.node], ids[n.id]) for n in shown for r in n.inputs
+                 if r.node in ids and phys.nodes[r.node].rank == n.rank}
     for s in stages:
         inner: list[str] = []
-        for r in sorted(want):
-            if stage_of.get(r, 0) != s:
-                continue
+        members = [r for r in sorted(want) if stage_of.get(r, 0) == s]
+        edges.extend(_stack(rank_ids, same_rank, [members[i:i + columns] for i in range(0, len(members), columns)]))
+        for r in members:
             lines = per_rank[r]
             inner.append(f"subgraph {q(f'cluster_rank{r}')} {{")
             inner.append(f'  label={q(f"rank {r}")}; style="rounded"; '

@@ -6,6 +6,12 @@ move per step, not per stage); "in-process" runs the same physical graph in the 
 (all ranks in this process: fast, no timeline). Either way the same steps then run in plain
 single-device PyTorch and the panel shows both losses side by side and the largest differences.
 The cluster stays up between runs (``close()`` stops it). Failures become the ``error`` trait.
+
+Before a run the panel shows the simulator's prediction for the strategy (step time, peak memory
+per rank) on ``hardware``: ``Hardware.cpu_box()``, the editor's Hardware, or a calibrated one given
+to it; after a workers run, the measured step time beside it and the prediction's error. With an
+editor that predicts after every change, the panel takes the editor's prediction instead of
+simulating again.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from typing import Any
 import traitlets as t
 
 from ..compiler.api import Compiled
+from ..hardware import Hardware
+from ..sim import Prediction
 from ..viz.timeline import makespan_us, timeline, timeline_bars
 from ._assets import widget_module, widget_style
 from .messages import error_text
+from .prediction_view import check_hardware, measured_state, predict, prediction_state
 from .run_check import NumericCheck, check_against_torch
 from .strategy_editor import StrategyEditor
 from .svg_charts import timeline_svg
@@ -65,9 +74,15 @@ class RunPanel(SbplabWidget):
     wall_s = t.Float(0.0).tag(sync=True)
     note = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
+    hardware_name = t.Unicode("").tag(sync=True)  # the Hardware the prediction is for
+    predicted = t.Dict().tag(sync=True)  # prediction_view.prediction_state of the strategy; {} until known
+    predict_error = t.Unicode("").tag(sync=True)  # why the simulator could not predict it
+    measured = t.Dict().tag(sync=True)  # after a workers run: step_ms, steps_ms, predicted_ms, error
+    compare_text = t.Unicode("").tag(sync=True)  # pred.compare(result).table(): per rank, lane and kind
 
     def __init__(self, source: StrategyEditor | Compiled, model: BuiltModel | None = None, optimizer: Any = None, *,
-                 steps: int = 3, backend: str = "workers", cluster: Any = None, **kwargs: Any) -> None:
+                 steps: int = 3, backend: str = "workers", cluster: Any = None, hardware: Hardware | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(steps=steps, backend=backend, **kwargs)
         self.editor = source if isinstance(source, StrategyEditor) else None
         self._compiled = source if isinstance(source, Compiled) else None
@@ -82,9 +97,62 @@ class RunPanel(SbplabWidget):
         self.result: Any = None  # RunResult (workers) or None
         self.check: NumericCheck | None = None
         self._ran_version = -1
+        self._hardware = None if hardware is None else check_hardware(hardware)  # None: the editor's, or cpu_box
+        self.prediction: Prediction | None = None
+        self._predicted_for: Compiled | None = None  # the step self.prediction is of
         if self.editor is not None:
             self.editor.observe(self._on_strategy, names=["version", "error"])
+            self.editor.observe(self._on_editor_prediction, names=["predictions"])
         self._describe()
+        # a step the editor finds too big to predict on every change is predicted when it runs
+        ed = self.editor
+        big = ed is not None and ed.compiled is not None and 0 < ed.predict_limit < len(ed.compiled.physical.nodes)
+        self._refresh_prediction(compute=not big)
+
+    # --- the prediction --------------------------------------------------------------------------------
+    @property
+    def hardware(self) -> Hardware:
+        """The Hardware predictions are for: the one given, else the editor's, else ``cpu_box()``."""
+        if self._hardware is not None:
+            return self._hardware
+        return self.editor.hardware if self.editor is not None else Hardware.cpu_box()
+
+    @hardware.setter
+    def hardware(self, hw: Hardware | None) -> None:
+        self._hardware = None if hw is None else check_hardware(hw)
+        self._refresh_prediction(compute=True)
+
+    def _on_editor_prediction(self, change: dict) -> None:
+        self._refresh_prediction(compute=True)
+
+    def _refresh_prediction(self, compute: bool) -> None:
+        """Show the prediction of the current step on ``hardware``: the editor's when it has it for the
+        same Hardware; otherwise simulated here if ``compute``, else left to come (the editor predicts
+        after its other views) or to the run."""
+        hw = self.hardware
+        self.hardware_name = hw.name
+        try:
+            c = self.compiled()
+        except ValueError:
+            return  # the strategy has an error: the last prediction stays beside it
+        if self.prediction is not None and self._predicted_for is c and self.prediction.hardware == hw:
+            return
+        ed = self.editor
+        if ed is not None and ed.compiled is c and ed.prediction is not None and ed.prediction.hardware == hw:
+            self._show_prediction(c, ed.prediction, "")
+            return
+        self.prediction, self._predicted_for, self.predicted, self.predict_error = None, None, {}, ""
+        if compute:
+            try:
+                pred, _ = predict(c, hw)
+            except Exception as e:  # noqa: BLE001 - shown beside the run, which may still work
+                self._show_prediction(c, None, error_text(e))
+            else:
+                self._show_prediction(c, pred, "")
+
+    def _show_prediction(self, c: Compiled, pred: Prediction | None, why: str) -> None:
+        self.prediction, self._predicted_for = pred, c
+        self.predicted, self.predict_error = ({} if pred is None else prediction_state(pred)), why
 
     # --- the source of the strategy --------------------------------------------------------------------
     def compiled(self) -> Compiled:
@@ -101,6 +169,7 @@ class RunPanel(SbplabWidget):
 
     def _on_strategy(self, change: dict) -> None:
         self._describe()
+        self._refresh_prediction(compute=False)  # the editor's prediction follows its other views
 
     def _describe(self) -> None:
         try:
@@ -143,6 +212,7 @@ class RunPanel(SbplabWidget):
         self.steps_done, self.run_losses = 0, []
         self.loss_diff = self.param_diff = self.wall_s = 0.0
         self.passed, self.worst_param, self.stage_ms, self.result, self.check = False, "", {}, None, None
+        self.measured, self.compare_text = {}, ""
         try:
             self._run(times, started)
         except Exception as e:  # shown inline; the message says what failed and where
@@ -160,8 +230,9 @@ class RunPanel(SbplabWidget):
         version = self.editor.version if self.editor is not None else 0
         feeds = c.feeds((*model.inputs, model.target))  # checked against the compiled shapes and dtypes
         n = max(c.physical.ranks) + 1
+        self._refresh_prediction(compute=True)  # before the run, if the editor has not predicted it
         if self.backend == "workers":
-            plan = c.plan(world_size=n)
+            plan = c.plan()  # n ranks; the plan the prediction simulated, lowered once
             cluster = self._cluster(n, times, started)
             self._stage("running", times, started)
             t0 = time.perf_counter()
@@ -188,6 +259,8 @@ class RunPanel(SbplabWidget):
             self.firings, self.makespan_us = len(bars), makespan_us(self.result.trace)
             self.timeline_svg = timeline_svg(bars, title=f"{c.strategy.name}, {self.steps} step(s)")
             self.note = ""
+            if self.prediction is not None:
+                self.measured, self.compare_text = measured_state(self.prediction, self.result)
         else:
             self.note = "the in-process executor keeps no trace: run on workers to see the timeline"
         self._ran_version, self.stale = version, False
@@ -214,8 +287,11 @@ class RunPanel(SbplabWidget):
         return timeline(self.result.trace, title=self.strategy_name)
 
     def close(self) -> None:
-        """Stop the worker processes this panel started, and close the widget."""
+        """Stop the worker processes this panel started, stop following the editor, and close the widget."""
         if self.cluster is not None and self._own_cluster:
             self.cluster.close()
             self.cluster = None
+        if self.editor is not None:
+            self.editor.unobserve(self._on_strategy, names=["version", "error"])
+            self.editor.unobserve(self._on_editor_prediction, names=["predictions"])
         super().close()

@@ -7,8 +7,11 @@ After every change the editor deduces SBPs, lowers to the physical graph and cou
 shows the physical (or deduced logical) graph, the memory per device and the communication, all
 from the one ``Compiled`` it keeps as ``editor.compiled`` (what ``sl.compile`` would give for the
 same strategy). Tracing and autodiff run only when the model, micro-batches or optimizer change;
-an SBP change costs one deduction and one lowering. The graph picture (graphviz, the slowest
-part) is drawn last, after the summary, tables and op list have been sent to the page. Bad
+an SBP change costs one deduction and one lowering. The graph picture (graphviz)
+is drawn after the summary, tables and op list have been sent to the page, and the
+simulator's prediction (step time, peak memory per rank on ``hardware``) comes last, in a message of
+its own: lowering to the actor plan grows with the square of the plan, so a step of more than
+``predict_limit`` op instances is predicted only on request (the predict button, ``predict()``). Bad
 choices become the ``error`` trait; the page then keeps showing the last valid result (``stale``)
 beside the error, so a typo does not wipe what the person was looking at, while ``compiled`` is
 ``None``: nothing matches the settings as they are.
@@ -28,15 +31,16 @@ from ..compiler.frontend.from_torch import from_torch
 from ..compiler.ir import Graph
 from ..compiler.physical.expand import lower
 from ..compiler.physical.memory import memory_report
+from ..hardware import Hardware
 from ..viz.charts import comm_rows, comm_table
 from . import strategy_form as form
 from ._assets import widget_module, widget_style
+from .editor_prediction import EditorPrediction
 from .editor_views import candidate_rows, graph_dot, memory_rows, module_stages, op_rows, training_graph
 from .messages import error_text, graph_view
 from .model_builder import ModelBuilder
 from .parse import parse_dims
 from .svg_charts import comm_svg, memory_svg
-from .widget_base import SbplabWidget
 from .zoo import BuiltModel
 
 MAX_RANKS = 64
@@ -45,7 +49,7 @@ STRUCTURE = ("preset", "mesh_text", "micro_batches", "stages", "inner", "optimiz
              "hints", "stage_of")
 
 
-class StrategyEditor(SbplabWidget):
+class StrategyEditor(EditorPrediction):
     """``StrategyEditor(ModelBuilder("gpt"), preset="dp_tp", mesh=(2, 2))``; the result is ``.compiled``."""
 
     _esm = widget_module("strategy_editor.js")
@@ -104,11 +108,13 @@ class StrategyEditor(SbplabWidget):
     def __init__(self, model: ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None,
                  target: torch.Tensor | None = None, loss_fn: Callable | None = None, *, preset: str = "dp",
                  mesh: Any = (2,), micro_batches: int = 1, stages: int = 2, inner: str = "none",
-                 optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0, **kwargs: Any) -> None:
+                 optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0, hardware: Hardware | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.builder: ModelBuilder | None = None
         self.model: BuiltModel | None = None
         self.compiled: Compiled | None = None
+        self._set_hardware(hardware)
         self.dot = ""  # DOT text of the graph shown
         self._text_of: Callable[[], str] = str  # the graph shown as text, for when it is not drawn
         self._picture_due = False  # the DOT text changed and its picture is not drawn yet
@@ -220,10 +226,13 @@ class StrategyEditor(SbplabWidget):
         self._guard(lambda: self._derive(cause))
         if self._picture_due:  # a second message: the page shows the numbers while graphviz draws
             self._guard(lambda: self._picture(timed=True), keep_error=True)
+        if self._auto_predicts():  # a third message: lowering to actors is the slowest part
+            self._guard(lambda: self._predict(timed=True), keep_error=True)
 
     def _derive(self, cause: str) -> None:
         self.note = ""
         self.compiled, self._text_of = None, str  # the old step is freed before the new one is built
+        self.prediction = None
         self._picture_due = False
         ms: dict[str, float] = {}
         notes: list[str] = []
@@ -260,6 +269,7 @@ class StrategyEditor(SbplabWidget):
                   total=(t7 - t0) * 1e3)
         self.timings_ms = {k: round(v, 2) for k, v in ms.items()}
         self.version += 1  # the step compiled: a view setting that does not fit it is only a message
+        self._after_recompute()
         self.error = "; ".join(problems)
 
     @staticmethod

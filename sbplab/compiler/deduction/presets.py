@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...errors import InputError
 from ...placement import Placement
 from ...sbp import B, S
 from .megatron_rule import MegatronRule
@@ -26,9 +27,12 @@ def as_mesh(mesh: Placement | int | Sequence[int], axis_names: tuple[str, ...] |
     """``4`` -> a 1-D cpu mesh of 4 ranks; ``(2, 2)`` -> a 2x2 cpu mesh; placements pass through."""
     if isinstance(mesh, Placement):
         return mesh
-    if isinstance(mesh, int):
+    if isinstance(mesh, int) and not isinstance(mesh, bool):
         return Placement("cpu", mesh, axis_names)
-    shape = tuple(mesh)
+    shape = tuple(mesh) if isinstance(mesh, (tuple, list)) else ()
+    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape):
+        raise InputError(f"a mesh is a rank count (4), a mesh shape of ints >= 1 ((2, 2)) or an sl.Placement; "
+                         f"got {mesh!r}")
     n = 1
     for s in shape:
         n *= s
@@ -79,6 +83,9 @@ def tensor_parallel(mesh: Placement | int, column: Sequence[str] = COLUMN, row: 
                     micro_batches: int = 1) -> Strategy:
     """Megatron: column-parallel then row-parallel layers, one all-reduce per pair forward and backward."""
     pl = as_mesh(mesh)
+    if pl.ndim != 1:
+        raise InputError(f"tensor_parallel needs a 1-D mesh, got shape {pl.shape}; for data parallel x tensor "
+                         f"parallel on a 2-D mesh use presets.dp_tp({pl.shape})")
     st = Strategy(pl, micro_batches=micro_batches, name=f"Megatron tensor parallel x{pl.size}")
     _tp_hints(st, 0, 1, column, row)
     return st
@@ -87,9 +94,10 @@ def tensor_parallel(mesh: Placement | int, column: Sequence[str] = COLUMN, row: 
 def dp_tp(mesh: Placement | Sequence[int], column: Sequence[str] = COLUMN, row: Sequence[str] = ROW,
           micro_batches: int = 1) -> Strategy:
     """2-D mesh (dp, tp): batch split on axis 0, Megatron on axis 1."""
-    pl = as_mesh(mesh, ("dp", "tp"))
+    pl = as_mesh(mesh, ("dp", "tp") if isinstance(mesh, (tuple, list)) and len(mesh) == 2 else None)
     if pl.ndim != 2:
-        raise ValueError(f"dp_tp needs a 2-D mesh, got shape {pl.shape}")
+        raise InputError(f"dp_tp needs a 2-D mesh (dp, tp) such as (2, 2) or a 2-D sl.Placement, got "
+                         f"{mesh!r} (shape {pl.shape}); for one mesh axis use data_parallel or tensor_parallel")
     st = Strategy(pl, micro_batches=micro_batches, name=f"DP x TP {pl.shape[0]}x{pl.shape[1]}")
     _dp_hints(st, 0, 2)
     _tp_hints(st, 1, 2, column, row, dp_axis=0)
@@ -101,7 +109,7 @@ def zero(mesh: Placement | int, shard_params: bool = True, micro_batches: int = 
     gathered for use (``shard_params``, stage 3), or kept ``B`` and re-gathered after the update (stage 2)."""
     pl = as_mesh(mesh)
     if pl.ndim != 1:
-        raise ValueError(f"zero needs a 1-D mesh, got shape {pl.shape}")
+        raise InputError(f"zero needs a 1-D mesh, got shape {pl.shape}")
     st = Strategy(pl, micro_batches=micro_batches, name=f"ZeRO-{3 if shard_params else 2} x{pl.size}")
     _dp_hints(st, 0, 1)
     _zero_hints(st, 0, 1, shard_params)
@@ -117,12 +125,12 @@ def pipeline(stages: int, micro_batches: int, ranks_per_stage: int | Sequence[in
     ``ranks_per_stage``) or "dp_tp" (a 2-D mesh, ``ranks_per_stage=(dp, tp)``).
     """
     if stages < 1:
-        raise ValueError(f"pipeline needs stages >= 1, got {stages}")
+        raise InputError(f"pipeline needs stages >= 1, got {stages}")
     shape = (ranks_per_stage,) if isinstance(ranks_per_stage, int) else tuple(ranks_per_stage)
     if inner == "dp_tp" and len(shape) != 2:
-        raise ValueError("pipeline(inner='dp_tp') needs ranks_per_stage=(dp, tp)")
+        raise InputError("pipeline(inner='dp_tp') needs ranks_per_stage=(dp, tp)")
     if inner not in ("none", "dp", "tp", "zero", "dp_tp"):
-        raise ValueError(f"inner must be one of none, dp, tp, zero, dp_tp; got {inner!r}")
+        raise InputError(f"inner must be one of none, dp, tp, zero, dp_tp; got {inner!r}")
     k = 1
     for s in shape:
         k *= s

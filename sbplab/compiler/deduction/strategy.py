@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from ...errors import InputError, InputTypeError
 from ...layout import LayoutError, check_layout
 from ...ops.signature_text import HintError  # noqa: F401  (defined below the compiler: SignatureError is one)
 from ...placement import Placement
@@ -54,7 +55,7 @@ class Hint:
 
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
-            raise ValueError(f"Hint role must be one of {ROLES} or None, got {self.role!r}")
+            raise InputError(f"Hint role must be one of {ROLES} or None, got {self.role!r}")
 
     def matches(self, name: str, role: str) -> bool:
         return (self.role is None or self.role == role) and fnmatch.fnmatchcase(name, self.pattern)
@@ -90,18 +91,18 @@ class Strategy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.placement, Placement):
-            raise TypeError(f"Strategy.placement must be an sl.Placement, got {type(self.placement).__name__}")
+            raise InputTypeError(f"Strategy.placement must be an sl.Placement, got {type(self.placement).__name__}")
         if self.micro_batches < 1:
-            raise ValueError(f"Strategy.micro_batches must be >= 1, got {self.micro_batches}")
+            raise InputError(f"Strategy.micro_batches must be >= 1, got {self.micro_batches}")
         if self.stages is not None:
             if not self.stages:
-                raise ValueError("Strategy.stages must list at least one placement")
+                raise InputError("Strategy.stages must list at least one placement")
             nd = {p.ndim for p in self.stages}
             if len(nd) != 1:
-                raise ValueError(f"all pipeline stages must have meshes of the same rank, got ndims {sorted(nd)}")
+                raise InputError(f"all pipeline stages must have meshes of the same rank, got ndims {sorted(nd)}")
             for s in self.stage_of.values():
                 if not 0 <= s < len(self.stages):
-                    raise ValueError(f"stage_of names stage {s}, but there are {len(self.stages)} stages")
+                    raise InputError(f"stage_of names stage {s}, but there are {len(self.stages)} stages")
 
     @property
     def mesh_ndim(self) -> int:

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from ...errors import SbplabError
 from ..ir import Graph, GraphError
 from .fx_trace import ShapeTracer, source_of
 
@@ -36,7 +37,7 @@ class _Bad:
 BAD = _Bad()
 
 
-class UnsupportedError(Exception):
+class UnsupportedError(SbplabError):
     """Raised by a handler: this call cannot be mapped; the message says why and what would work."""
 
 

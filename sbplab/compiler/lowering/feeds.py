@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...errors import InputTypeError
 from ...ops.registry import TensorMeta
 from ...runtime.results import Batches
 from ..ir import Graph, GraphError
@@ -92,15 +93,15 @@ def one_batch(want: Mapping[str, TensorMeta], batch: Any, where: str = "") -> Ba
                              f"{takes}, in this order")
         batch = dict(zip(names, batch))
     else:
-        raise TypeError(f"{where}inputs must be a tensor, a tuple of tensors in the order {names} or a dict by "
-                        f"name; got {type(batch).__name__}")
+        raise InputTypeError(f"{where}inputs must be a tensor, a tuple of tensors in the order {names} or a dict by "
+                             f"name; got {type(batch).__name__}")
     return {n: _checked(n, batch[n], want[n], where) for n in names}
 
 
 def _checked(name: str, t: Any, want: TensorMeta, where: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}input {name!r} must be a torch.Tensor of shape {want.shape} and dtype "
-                        f"{want.dtype}; got {type(t).__name__}")
+        raise InputTypeError(f"{where}input {name!r} must be a torch.Tensor of shape {want.shape} and dtype "
+                             f"{want.dtype}; got {type(t).__name__}")
     if tuple(t.shape) != want.shape:
         batch = "" if not want.shape or t.dim() != len(want.shape) or tuple(t.shape[1:]) != want.shape[1:] else \
             f" (a batch of {t.shape[0]} where the step was compiled for {want.shape[0]})"

@@ -1,0 +1,61 @@
+"""What the StrategyEditor and the RunPanel show of the simulator: ``sl.simulate`` of a compiled step on a
+``Hardware``, as plain dicts a page can draw, and the measured step time of a run beside it.
+
+Both widgets predict the same way ``sl.simulate(compiled, hw)`` does, on the actor plan
+``compiled.plan()`` (cached on the compiled step), so the RunPanel's run reuses the lowering the
+prediction already paid for and compares against exactly the plan it ran.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..compiler.api import Compiled
+from ..hardware import Hardware
+from ..sim import Prediction, simulate
+
+
+def check_hardware(hw: Any) -> Hardware:
+    """``hw`` itself if it is a Hardware; a TypeError that says what would do otherwise."""
+    if not isinstance(hw, Hardware):
+        raise TypeError(f"hardware must be an sl.Hardware (sl.Hardware.cpu_box(), .h100_node(), or a "
+                        f"calibrated one from cluster.calibrate()), got {type(hw).__name__}")
+    return hw
+
+
+def predict(c: Compiled, hw: Hardware) -> tuple[Prediction, dict[str, float]]:
+    """The prediction and where its time went: "plan" (lowering to actors, free once cached) and
+    "simulate", in milliseconds."""
+    t0 = time.perf_counter()
+    c.plan()  # what simulate lowers: timed apart, since it dominates on big graphs
+    t1 = time.perf_counter()
+    pred = simulate(c, hw)
+    t2 = time.perf_counter()
+    return pred, {"plan": (t1 - t0) * 1e3, "simulate": (t2 - t1) * 1e3}
+
+
+def prediction_state(pred: Prediction) -> dict[str, Any]:
+    """The page's view of a prediction: step time, the Hardware it is for, and per rank the predicted
+    peak memory (with what it holds then) and where the step's time goes."""
+    hw = pred.hardware
+    ranks = []
+    for r in sorted(pred.peak_memory):
+        b = pred.breakdown[r]
+        ranks.append({"rank": r, "peak": int(pred.peak_memory[r]),
+                      "memory": {k: int(v) for k, v in pred.memory_breakdown[r].items()},
+                      "compute_ms": b["compute"] * 1e3, "comm_ms": b["exposed communication"] * 1e3,
+                      "idle_ms": b["idle"] * 1e3})
+    return {"step_ms": pred.step_time * 1e3, "hardware": hw.name, "origin": hw.origin,
+            "measured_fraction": pred.measured_fraction, "ranks": ranks}
+
+
+def measured_state(pred: Prediction, result: Any) -> tuple[dict[str, Any], str]:
+    """A run's measured step time against the prediction (``pred.compare(result)``): the numbers for
+    the page, and the comparison's text table (per rank and lane, per kind of actor)."""
+    cmp = pred.compare(result)
+    st = cmp.data["step_time"]
+    err = st["error"]
+    return ({"step_ms": st["measured"] * 1e3, "steps_ms": [s * 1e3 for s in cmp.data["measured_steps"]],
+             "predicted_ms": st["predicted"] * 1e3, "error": None if err != err else err,
+             "hardware": pred.hardware.name}, cmp.table())

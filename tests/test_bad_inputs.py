@@ -1,0 +1,334 @@
+"""Known bad inputs each get a clear SbplabError, and docs/errors.md is the catalogue of them.
+
+``CASES`` is the table: (section, bad input, code). Each snippet runs in a namespace of ready-made
+objects (``SETUP``); the test checks the error class, that it is an ``sl.SbplabError`` and that its
+message has the words that say what was wrong. ``test_the_catalogue_is_up_to_date`` renders every
+case's error type and message as markdown and compares it with docs/errors.md; with
+``SBPLAB_WRITE_DOCS=1`` it rewrites the file instead.
+
+Errors raised before any worker starts use a cluster with no workers (``launch="external"``, nobody
+joins); the few checks that need live workers share one two-rank cluster per module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+import sbplab as sl
+from sbplab.compiler.reference import torch_steps
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+
+SETUP = """\
+mesh1 = sl.Placement("cpu", [0, 1])
+mesh2 = sl.Placement("cpu", [[0, 1], [2, 3]])
+a = torch.arange(8.0).reshape(4, 2)
+x = sl.tensor(a, mesh1, "S(0)", name="x")
+torch.manual_seed(0)
+model = sl.models.MLP(sl.models.MLPConfig(in_dim=4, width=4, hidden=8, n_blocks=1, n_classes=3))
+(inp,), target = model.example_batch(4)
+step = sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, optimizer=sl.SGD(lr=0.1),
+                  strategy=sl.presets.data_parallel(2))
+batch = (inp, target)
+cluster = sl.LocalCluster(2, launch="external", start_timeout=1.0)  # no workers: these errors come first
+closed = sl.LocalCluster(1, launch="external")
+closed.close()
+"""
+
+# (section, bad input, code, expected error class, words the message must contain)
+CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
+    ("SBP values and text", "SBP text that is not S(i), B, P or P(max)/P(min)", 'sl.parse_sbp("S(0) B")',
+     "SbpError", ("S(0) B", "P(max)")),
+    ("SBP values and text", "a reduce op partials do not have", 'sl.P("avg")', "SbpError", ("avg", "max")),
+    ("SBP values and text", "a split dim that is not an int", 'sl.S("0")', "InputTypeError", ("'0'", "int")),
+    ("SBP values and text", "sbp=None", 'sl.tensor(a, mesh1, sbp=None, name="w")', "InputTypeError",
+     ("w:", "None", "S(0), B")),
+    ("SBP values and text", "one SBP entry for a 2-D mesh", 'sl.tensor(a, mesh2, "S(0)", name="w")', "SbpError",
+     ("w:", "1 entries", "2 axes")),
+    ("SBP values and text", "a split dim the tensor does not have", 'sl.tensor(a, mesh1, "S(2)", name="w")',
+     "SbpError", ("w:", "S(2)", "0..1")),
+    ("SBP values and text", "a split of a 0-D tensor", 'sl.tensor(torch.tensor(1.0), mesh1, "S(0)", name="w")',
+     "SbpError", ("w:", "0-D", "B or P")),
+    ("SBP values and text", "a dim smaller than the parts it is split into",
+     'sl.tensor(torch.ones(1, 4), mesh1, "S(0)", name="w")', "LayoutError", ("w:", "1 elements", "empty shards")),
+    ("SBP values and text", "P(max) of a bool tensor",
+     'sl.tensor(torch.ones(4, dtype=torch.bool), mesh1, sl.P("max"), name="w")', "LayoutError",
+     ("w:", "P(max)", "bool")),
+    ("SBP values and text", "P(min) of a complex tensor",
+     'sl.tensor(torch.ones(4, dtype=torch.complex64), mesh1, sl.P("min"), name="w")', "LayoutError",
+     ("w:", "P(min)", "complex64")),
+    ("SBP values and text", "P(max) of a complex tensor, by boxing",
+     'sl.tensor(torch.ones(4, dtype=torch.complex64), mesh1, "B", name="w").to_global(sbp="P(max)")',
+     "LayoutError", ("P(max)", "complex64", "not ordered")),
+    ("SBP values and text", "P of a bool tensor", 'sl.tensor(torch.ones(4, dtype=torch.bool), mesh1, "P", name="w")',
+     "LayoutError", ("w:", "bool", "int dtype")),
+    ("SBP values and text", "fmt_sbp of something that is not an SBP", "sl.fmt_sbp(3)", "InputTypeError",
+     ("fmt_sbp", "3")),
+    ("SBP values and text", "a balanced split into no parts", "sl.balanced_sizes(4, 0)", "InputError",
+     ("4 elements", "parts >= 1")),
+    ("SBP values and text", "assembling without every rank's shard", 'sl.assemble({0: a}, mesh1, "S(0)")',
+     "InputError", ("one shard per rank", "[0, 1]", "[0]")),
+    ("Placements", "an unknown device type", 'sl.Placement("tpu", [0, 1])', "InputError", ("tpu", "cuda")),
+    ("Placements", "a ragged mesh", 'sl.Placement("cpu", [[0, 1], [2]])', "InputError", ("rectangular",)),
+    ("Placements", "a rank twice", 'sl.Placement("cpu", [0, 1, 1])', "InputError", ("distinct", "[1]")),
+    ("Placements", "ranks that are not ints", 'sl.Placement("cpu", ["a", "b"])', "InputTypeError", ("'a'",)),
+    ("Global tensors from shards", "a list of ranks where a placement is expected",
+     'sl.tensor(a, [0, 1], "S(0)", name="w")', "InputTypeError", ("w:", "sl.Placement", "list")),
+    ("Global tensors from shards", "a value torch cannot make a tensor of", 'sl.tensor("abc", mesh1, "B", name="w")',
+     "InputTypeError", ("w:", "torch.Tensor", "str")),
+    ("Global tensors from shards", "one full tensor where shards are expected",
+     'sl.from_local(a, mesh1, "S(0)", name="w")', "InputTypeError", ("w:", "local shards", "sl.tensor")),
+    ("Global tensors from shards", "a nested list of shards for a 2-D mesh",
+     'sl.from_local([[a, a], [a, a]], mesh2, "B, B", name="w")', "InputTypeError",
+     ("w:", "shard 0", "list", "ranks [0, 1, 2, 3]")),
+    ("Global tensors from shards", "too few shards", 'sl.from_local([a], mesh1, "B", name="w")', "InputError",
+     ("w:", "1 shards", "2 ranks")),
+    ("Global tensors from shards", "a shard for a rank outside the placement",
+     'sl.from_local({0: a, 5: a}, mesh1, "B", name="w")', "InputError", ("w:", "no shard for [1]", "[5]")),
+    ("Global tensors from shards", "B shards that differ between ranks",
+     'sl.from_local([a, a + 1], mesh1, "B", name="w")', "InputError", ("w:", "equal copies", "rank 1")),
+    ("Global tensors from shards", "shards of mixed dtypes",
+     'sl.from_local([a, a.double()], mesh1, "S(0)", name="w")', "InputError",
+     ("w:", "torch.float32", "torch.float64")),
+    ("Global tensors from shards", "a shard of the wrong size for the balanced split",
+     'sl.from_local([a[:1], a[:3]], mesh1, "S(0)", name="w")', "InputError",
+     ("w:", "rank 0", "(1, 2)", "(2, 2)")),
+    ("Ops on global tensors", "matmul with different inner dims", "x @ x", "OpError", ("matmul", "(4, 2)", "inner")),
+    ("Ops on global tensors", "matmul of two dtypes",
+     'x @ sl.tensor(torch.ones(2, 3, dtype=torch.float64), mesh1, "B", name="w")', "OpError",
+     ("matmul", "torch.float64", "one dtype")),
+    ("Ops on global tensors", "inputs on different placements",
+     'x + sl.tensor(a, sl.Placement("cpu", [2, 3]), "S(0)", name="w")', "InputError",
+     ("add", "different placements", "to_global")),
+    ("Ops on global tensors", "a string as an operand", 'x + "1"', "InputTypeError", ("x:", "str")),
+    ("Ops on global tensors", "a number no tensor holds", "x + 10**30", "InputError", ("x:", "does not fit")),
+    ("Ops on global tensors", "more indices than dims", "x[:, :, 1:2]", "InputError", ("x:", "3 indices", "2-D")),
+    ("Ops on global tensors", "a reshape to something that is not ints", 'x.reshape("a")', "InputTypeError",
+     ("x:", "ints")),
+    ("Ops on global tensors", "a reduction over a dim the tensor does not have", "x.sum(dim=(0, 5))", "OpError",
+     ("sum", "dim=5", "(4, 2)")),
+    ("Ops on global tensors", "a forced signature the op does not have",
+     'sl.apply("relu", [x], signature="S(0) -> S(1)")', "SignatureError", ("relu", "S(0)", "Valid signatures")),
+    ("Ops on global tensors", "a signature that is not text", 'sl.apply("relu", [x], signature=3)',
+     "InputTypeError", ("signature", "int")),
+    ("Ops on global tensors", "explain of something that is not a global tensor", "sl.explain(a)",
+     "InputTypeError", ("explain", "Tensor")),
+    ("Ops on global tensors", "a hardware model that is not one", "sl.set_default_hardware(3)", "InputTypeError",
+     ("sl.Hardware", "int")),
+    ("Ops on global tensors", "an op that does not exist", 'sl.apply("matmull", [x, x])', "UnknownOpError",
+     ("matmull", "matmul")),
+    ("Boxing plans", "a shape that is not ints", 'sl.plan_boxing((4, "x"), "S(0)", "B", mesh1)',
+     "InputTypeError", ("plan_boxing", "shape")),
+    ("Boxing plans", "running a plan without every rank's shard",
+     'sl.plan_boxing((4, 2), "S(0)", "B", mesh1).run({0: a[:2]})', "InputError", ("one shard per rank", "[0, 1]")),
+    ("Presets", "tensor_parallel on a 2-D mesh", "sl.presets.tensor_parallel((2, 2))", "InputError",
+     ("1-D mesh", "(2, 2)", "dp_tp")),
+    ("Presets", "dp_tp on a rank count", "sl.presets.dp_tp(4)", "InputError", ("2-D mesh", "(2, 2)", "got 4")),
+    ("Presets", "a mesh shape with a zero", "sl.presets.data_parallel((2, 0))", "InputError", ("(2, 0)",)),
+    ("Presets", "ZeRO on a 2-D mesh", "sl.presets.zero((2, 2))", "InputError", ("1-D mesh", "(2, 2)")),
+    ("Compiling", "something that is not a module", "sl.compile(3, (inp,))", "InputTypeError",
+     ("torch.nn.Module", "int")),
+    ("Clusters", "no workers", "sl.LocalCluster(0)", "InputError", ("at least one", "n=0")),
+    ("Clusters", "more workers than one machine spawns", "sl.LocalCluster(10000)", "InputError",
+     ("10000", "launch='external'")),
+    ("Clusters", "a rank count that is not an int", 'sl.LocalCluster("2")', "InputTypeError", ("'2'", "int")),
+    ("Clusters", "a non-loopback address without a token", 'sl.LocalCluster(2, host="0.0.0.0")', "InputError",
+     ("0.0.0.0", "token=")),
+    ("Clusters", "a token that is not a str", "sl.LocalCluster(2, token=1234)", "InputTypeError", ("token", "int")),
+    ("Running a compiled step", "timeout=0", "cluster.run(step, batch, timeout=0)", "InputError",
+     ("timeout", "> 0", "got 0")),
+    ("Running a compiled step", "timeout=-1", "cluster.run(step, batch, timeout=-1)", "InputError",
+     ("timeout", "got -1")),
+    ("Running a compiled step", "steps=-1", "cluster.run(step, batch, steps=-1)", "InputError",
+     ("steps", ">= 1", "got -1")),
+    ("Running a compiled step", "a batch of the wrong size", "cluster.run(step, (inp[:2], target[:2]))",
+     "GraphError", ("'x'", "a batch of 2", "compiled for 4")),
+    ("Running a compiled step", "an input of the wrong shape", "cluster.run(step, (inp[:, :3], target))",
+     "GraphError", ("'x'", "(4, 3)", "(4, 4)")),
+    ("Running a compiled step", "an input of the wrong dtype", "cluster.run(step, (inp, target.float()))",
+     "GraphError", ("'target'", "torch.float32", "torch.int64")),
+    ("Running a compiled step", "too few inputs", "cluster.run(step, (inp,))", "GraphError",
+     ("1 input(s)", "takes 2")),
+    ("Running a compiled step", "an input under the wrong name", 'cluster.run(step, {"x": inp, "targets": target})',
+     "GraphError", ("'targets'", "did you mean 'target'")),
+    ("Running a compiled step", "something that is not a step", "cluster.run(step.graph, batch)", "InputTypeError",
+     ("ActorPlan or a compiled step", "Graph")),
+    ("Running a compiled step", "a closed cluster", "closed.run(step, batch)", "ClusterError", ("closed",)),
+]
+
+_SANITIZE = [
+    (re.compile(r"\('(127\.0\.0\.1|::1|localhost)', \d+\)"), "(HOST, PORT)"),
+    (re.compile(r"\b(127\.0\.0\.1|localhost):\d+\b"), "HOST:PORT"),
+    (re.compile(r"\bpid \d+"), "pid N"),
+    (re.compile(r"0x[0-9a-f]{6,}"), "0x..."),
+]
+
+
+def sanitize(message: str) -> str:
+    """The message with what changes from run to run (ports, pids, object addresses) replaced."""
+    for pattern, repl in _SANITIZE:
+        message = pattern.sub(repl, message)
+    return message
+
+
+@pytest.fixture(scope="module")
+def setup_ns():
+    ns: dict = {"sl": sl, "torch": torch}
+    exec(SETUP, ns)
+    yield ns
+    ns["cluster"].close()
+
+
+def run_case(code: str, ns: dict) -> BaseException | None:
+    try:
+        exec(code, dict(ns))
+    except BaseException as e:  # noqa: BLE001 - the case's outcome, checked by the caller
+        return e
+    return None
+
+
+@pytest.mark.parametrize("section, what, code, cls, words", CASES, ids=[c[2][:60] for c in CASES])
+def test_each_bad_input_gets_a_clear_sbplab_error(setup_ns, section, what, code, cls, words):
+    err = run_case(code, setup_ns)
+    assert err is not None, f"{code} ({what}) raised nothing"
+    assert isinstance(err, sl.SbplabError), f"{code} raised {type(err).__name__}: {err}"
+    assert type(err).__name__ == cls, f"{code} raised {type(err).__name__}, expected {cls}: {err}"
+    msg = str(err)
+    for w in words:
+        assert w in msg, f"{w!r} not in the message of {code}: {msg}"
+
+
+def _builtin_base(cls: type) -> str:
+    for base in cls.__mro__[1:]:
+        if base.__module__ == "builtins" and base not in (Exception, BaseException, object):
+            return base.__name__
+    return ""
+
+
+def render(ns: dict) -> str:
+    """docs/errors.md: every case's code, error class (and its builtin base) and message."""
+    out = [
+        "# Bad input and what sbplab says",
+        "",
+        "Generated by `tests/test_bad_inputs.py` from its table of cases; the test fails when this file and the",
+        "messages disagree, and `SBPLAB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py` rewrites it.",
+        "",
+        "Every error sbplab raises on purpose is an `sl.SbplabError` (`except sl.SbplabError` catches them all;",
+        "anything else escaping the public API is a bug). Each class also keeps its builtin base, shown in",
+        "parentheses, so `except ValueError` still works. The snippets run after this set-up:",
+        "",
+        "```python",
+        "import torch, sbplab as sl",
+        *SETUP.rstrip().splitlines(),
+        "```",
+        "",
+        "Ports and process ids in messages are shown as `PORT` and `N`.",
+    ]
+    section = None
+    for sec, what, code, _cls, _words in CASES:
+        if sec != section:
+            section = sec
+            out += ["", f"## {sec}", "", "| bad input | code | error | message |", "|---|---|---|---|"]
+        err = run_case(code, ns)
+        if err is None:
+            kind, msg = "(no error)", ""
+        else:
+            base = _builtin_base(type(err))
+            kind = f"`{type(err).__name__}`" + (f" ({base})" if base else "")
+            msg = sanitize(str(err))
+        cell = msg.replace("|", "\\|").replace("\n", "<br>")
+        out.append(f"| {what} | `{code}` | {kind} | {cell} |")
+    return "\n".join(out) + "\n"
+
+
+def test_the_catalogue_is_up_to_date(setup_ns):
+    text = render(setup_ns)
+    if os.environ.get("SBPLAB_WRITE_DOCS") == "1":
+        DOC.write_text(text)
+    assert DOC.exists(), "docs/errors.md is missing: run SBPLAB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py"
+    assert DOC.read_text() == text, ("docs/errors.md is out of date with the messages; rewrite it with "
+                                     "SBPLAB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py")
+
+
+def test_the_printed_form_of_an_sbp_parses_back():
+    """``fmt_sbp`` prints ``(S(0), B)``; that text (and the one-entry ``(S(0))``) must parse to the same SBP."""
+    assert sl.parse_sbp("(S(0), B)") == (sl.S(0), sl.B)
+    assert sl.parse_sbp(sl.fmt_sbp((sl.S(0), sl.P("max")))) == (sl.S(0), sl.P("max"))
+    assert sl.parse_sbp("(S(0))") == (sl.S(0),) and sl.parse_sbp("[B, S(1)]") == (sl.B, sl.S(1))
+    with pytest.raises(sl.SbplabError, match=r"cannot parse SBP '\(\(S\(0\), B\)\)'"):
+        sl.parse_sbp("((S(0), B))")
+
+
+def test_sanitize_hides_ports_and_pids():
+    assert sanitize("driver at ('127.0.0.1', 40123), worker pid 777, at 127.0.0.1:5000") == \
+        "driver at (HOST, PORT), worker pid N, at HOST:PORT"
+
+
+# --- the same refusals on live workers -------------------------------------------------------------
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def live():
+    """One two-rank cluster for the module, on IPv6 loopback where the machine has it (no token given)."""
+    host = "::1" if _ipv6_loopback() else "127.0.0.1"
+    with sl.LocalCluster(2, host=host) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def small_step():
+    torch.manual_seed(0)
+    model = sl.models.MLP(sl.models.MLPConfig(in_dim=4, width=4, hidden=8, n_blocks=1, n_classes=3))
+    (inp,), target = model.example_batch(4)
+    opt = sl.SGD(lr=0.1)
+    step = sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, optimizer=opt,
+                      strategy=sl.presets.data_parallel(2))
+    return step, model, inp, target, opt
+
+
+@pytest.mark.multiprocess
+def test_a_live_cluster_refuses_bad_runs_and_stays_usable(live, small_step):
+    step, model, inp, target, opt = small_step
+    pids = live.pids
+    bad = [
+        (dict(inputs=(inp, target), timeout=0), "timeout must be > 0"),
+        (dict(inputs=(inp, target), timeout=-1), "timeout must be > 0"),
+        (dict(inputs=(inp, target), steps=-1), "steps must be >= 1"),
+        (dict(inputs=(inp[:2], target[:2])), "a batch of 2 where the step was compiled for 4"),
+        (dict(inputs=(inp[:, :3], target)), r"input 'x' has shape \(4, 3\)"),
+        (dict(inputs=(inp.double(), target)), "input 'x' has dtype torch.float64"),
+        (dict(inputs=(inp,)), r"1 input\(s\) given, but the compiled step takes 2"),
+        (dict(inputs={"x": inp, "targets": target}), "unknown input 'targets'"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(sl.SbplabError, match=match):
+            live.run(step, **kwargs, progress=False)
+    assert live.alive and live.pids == pids  # refused before the workers were asked anything
+    result = live.run(step, (inp, target), steps=2, progress=False)
+    want, _ = torch_steps(model, (inp,), target, model.loss_fn, opt, 2)
+    assert result.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_ipv6_loopback_needs_no_token(live):
+    if not _ipv6_loopback():
+        pytest.skip("this machine has no IPv6 loopback")
+    assert live.address[0] == "::1" and live.alive
+    assert isinstance(live.token, str) and len(live.token) >= 32  # a random one, made for this cluster
+    with pytest.raises(sl.SbplabError, match="not loopback.*needs a shared token"):
+        sl.LocalCluster(2, host="::")

@@ -1,0 +1,124 @@
+"""Pictures measured in a real browser (Debian's Chromium through Playwright, no JupyterLab needed): the
+text a person reads is never drawn under 9 px, graphs start at their box's top left, zoom works.
+
+The pages carry JupyterLab's own rule for SVG in HTML output (``max-width: 100%; height: auto``), the
+rule that shrinks a wide picture's text to fit a cell, so these measure what a notebook shows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import sbplab as sl
+from sbplab.viz import layout_picture, physical_picture
+from sbplab.viz.dot import dot_available
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not dot_available(), reason="graphviz 'dot' is not installed here")]
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+JUPYTERLAB_SVG_RULE = ".jp-RenderedHTMLCommon svg { max-width: 100%; height: auto; }"
+MEASURE = """(sel) => {
+  const view = document.querySelector(sel), svg = view.querySelector("svg"), box = view.getBoundingClientRect();
+  const r = svg.getBoundingClientRect();
+  const fonts = [...svg.querySelectorAll("text")].map((t) => parseFloat(t.getAttribute("font-size"))
+    * t.getScreenCTM().a);
+  const nodes = [...svg.querySelectorAll("g.node")].map((n) => n.getBoundingClientRect());
+  const first = nodes.length ? nodes.reduce((a, b) => (b.top < a.top ? b : a)) : null;
+  return { left: r.left - box.left + view.scrollLeft, top: r.top - box.top + view.scrollTop, width: r.width,
+           box: view.clientWidth, minFont: Math.min(...fonts), scrollLeft: view.scrollLeft,
+           firstShown: !first || (first.left >= box.left - 1 && first.right <= box.left + view.clientWidth + 1) };
+}"""
+
+
+@pytest.fixture(scope="module")
+def page():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        yield browser.new_page(viewport={"width": 1100, "height": 900})
+        browser.close()
+
+
+def notebook_cell(html: str, width: int) -> str:
+    return (f"<html><head><style>body {{ margin: 0 }} {JUPYTERLAB_SVG_RULE}</style></head><body>"
+            f"<div class='jp-RenderedHTMLCommon' style='width:{width}px'>{html}</div></body></html>")
+
+
+def test_gpt_physical_graph_in_a_notebook_cell(page):
+    from sbplab.models import GPT, GPTConfig
+
+    m = GPT(GPTConfig(n_layer=2))
+    (idx,), y = m.example_batch(8)
+    c = sl.compile(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.1),
+                   strategy=sl.presets.dp_tp((2, 2)))
+    page.set_content(notebook_cell(physical_picture(c.physical, c.graph)._repr_html_(), 900))
+    got = page.evaluate(MEASURE, ".sbplab-zoom-view")
+    assert got["minFont"] >= 9 - 0.01  # the smallest label, as drawn
+    assert abs(got["left"]) <= 1 and abs(got["top"]) <= 1  # the graph is anchored at the box's top left
+    assert got["scrollLeft"] == 0 and got["firstShown"]  # rank 0's first node is at the top left
+    assert got["width"] >= got["box"]  # and fills its width (wider: the box scrolls)
+    w0 = got["width"]
+    page.click("button[data-zoom=in]")
+    assert page.evaluate(MEASURE, ".sbplab-zoom-view")["width"] == pytest.approx(w0 * 1.25, rel=0.01)
+    page.click("button[data-zoom=fit]")
+    fit = page.evaluate(MEASURE, ".sbplab-zoom-view")
+    assert fit["width"] == pytest.approx(fit["box"], abs=1)  # the whole graph, text small: the person asked
+    page.click("button[data-zoom=reset]")
+    assert page.evaluate(MEASURE, ".sbplab-zoom-view")["width"] == pytest.approx(w0, abs=1)
+
+
+def test_8x8_layout_picture_in_a_narrow_cell(page):
+    import torch
+
+    mesh = sl.Placement("cpu", torch.arange(64).reshape(8, 8).tolist(), axis_names=("dp", "tp"))
+    for sbp in ("S(0), S(1)", "B, P"):
+        pic = layout_picture((64, 64), mesh, sbp, name="w")
+        page.set_content(notebook_cell(pic._repr_html_(), 500))
+        got = page.evaluate(MEASURE, ".sbplab-zoom-view")
+        assert got["minFont"] >= 9 - 0.01, sbp
+        assert got["width"] > got["box"]  # bigger than the cell: it scrolls rather than shrinks
+
+
+def _model_builder_page(model: str, **config) -> str:
+    """The ModelBuilder's front end with its Python state, over a stand-in for anywidget's model."""
+    from sbplab.widgets.model_builder import ModelBuilder
+
+    w = ModelBuilder(model, **config)
+    state = {k: getattr(w, k) for k in w.keys}
+    state = {k: v for k, v in state.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
+    js = (ROOT / "widgets" / "model_builder.js").read_text()
+    css = (ROOT / "widgets" / "base.css").read_text() + (ROOT / "widgets" / "model_builder.css").read_text()
+    return f"""<html><head><style>body {{ margin: 0; width: 900px }} {css}</style></head><body>
+<div id="out"></div><script type="module">
+const state = {json.dumps(state)};
+const model = {{ get: (k) => state[k], set: (k, v) => {{ state[k] = v; }}, save_changes() {{}}, on() {{}}, off() {{}} }};
+const url = URL.createObjectURL(new Blob([{json.dumps(js)}], {{ type: "text/javascript" }}));
+const mod = (await import(url)).default;
+await mod.initialize({{ model }});
+mod.render({{ model, el: document.getElementById("out") }});
+window.rendered = true;
+</script></body></html>"""
+
+
+def test_model_builder_graph_starts_top_left_and_fills_its_box(page):
+    for model, config in (("gpt", {"n_layer": 2}), ("mlp", {"n_blocks": 1})):
+        page.set_content(_model_builder_page(model, **config))
+        page.wait_for_function("window.rendered === true")
+        got = page.evaluate(MEASURE, "[data-testid=logical-graph]")
+        assert abs(got["left"]) <= 1 and abs(got["top"]) <= 1, model  # anchored at the box's top left
+        assert got["width"] >= got["box"] - 1, model  # fills the box's width
+        assert got["minFont"] >= 9 - 0.01, model
+        assert got["firstShown"], model  # the graph's first node is in view, not a blank corner
+        w0 = got["width"]
+        page.click("[data-testid=zoom-in]")
+        assert page.evaluate(MEASURE, "[data-testid=logical-graph]")["width"] == pytest.approx(w0 * 1.25, rel=0.01)
+        page.click("[data-testid=zoom-reset]")
+        assert page.evaluate(MEASURE, "[data-testid=logical-graph]")["width"] == pytest.approx(w0, abs=1)
