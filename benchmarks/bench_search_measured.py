@@ -48,15 +48,15 @@ def wall_per_step(cluster: sl.LocalCluster, step, batch, n: int) -> float:
 
 
 def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, rounds: int, steps: int) -> float:
-    model, (x,), y, loss_fn = zoo(kind)
+    model, xs, y, loss_fn = zoo(kind)  # xs: the model's inputs (Wide&Deep takes two)
     opt = sl.SGD(lr=0.05)
-    res = sl.search(model, (x,), loss_fn=loss_fn, target=y, optimizer=opt, devices=ranks, hardware=hw, seed=0)
+    res = sl.search(model, xs, loss_fn=loss_fn, target=y, optimizer=opt, devices=ranks, hardware=hw, seed=0)
     entries = [("searched: " + res.best.describe(), res.strategy)]
     entries += [(p.describe(), p.strategy) for p in res.presets if p.step_time < float("inf")]
     compiled = []
     for label, st in entries:
         try:
-            step = sl.compile(model, (x,), loss_fn=loss_fn, target=y, optimizer=opt, strategy=st, hardware=hw)
+            step = sl.compile(model, xs, loss_fn=loss_fn, target=y, optimizer=opt, strategy=st, hardware=hw)
         except sl.SbplabError as e:  # a preset that does not fit this model: say so, go on
             print(f"  {label}: not compiled ({type(e).__name__}: {str(e).splitlines()[0][:90]})")
             continue
@@ -64,7 +64,7 @@ def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, roun
     times: dict[str, list[float]] = {label: [] for label, _, _ in compiled}
     for _ in range(rounds):
         for label, step, _ in compiled:
-            times[label].append(wall_per_step(cluster, step, (x, y), steps))
+            times[label].append(wall_per_step(cluster, step, (*xs, y), steps))
     print(f"\n{kind} on {ranks} ranks ({hw.name}; search took {res.seconds:.2f} s, method {res.method})")
     print(f"  {'strategy':70s} {'predicted ms':>12} {'measured ms':>12} {'spread ms':>14}")
     for label, _, pred in compiled:

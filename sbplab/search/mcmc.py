@@ -9,6 +9,7 @@ import math
 import random
 
 from .clock import Clock
+from .descent import descend
 from .local_moves import LocalView
 from .shrink import Reduced
 
@@ -45,5 +46,6 @@ def metropolis(r: Reduced, start: list[int], memory_limit: float | None, clock: 
             x[g], cost, mem, e = new, new_cost, new_mem, ne
             if e < best_e - 1e-15:
                 best, best_e = list(x), e
+    best = descend(r, best, memory_limit, clock)
     clock.record(label, r.total(best) if view.excess(r.mem(best)) == 0 else float("inf"))
     return best
