@@ -3,7 +3,8 @@
 For each zoo model on 2 and 4 Gloo ranks of this machine: ``sl.search`` on a Hardware calibrated on
 this cluster (``cluster.calibrate()``; ``--spec`` uses the ``cpu_box`` spec sheet instead), then the
 searched strategy and every applicable preset are compiled and run for real. Time per step is what a
-user waits for: (wall time of ``cluster.run`` with 1 + N steps - wall time with 1 step) / N, rounds
+user waits for: (wall time of ``cluster.run`` with 1 + N steps - wall time with 1 step) / N, with N
+at least ``--steps`` and large enough for about 0.3 s of predicted work (tiny steps need many), rounds
 interleaved (searched, preset 1, preset 2, ..., searched, ...). Printed per model: each strategy's
 predicted step time (``sl.simulate``), its measured median and spread, and at the end the ratio of the
 searched strategy to the best measured preset (goal: <= 1.0, not slower than the best preset).
@@ -62,9 +63,11 @@ def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, roun
             continue
         compiled.append((label, step, sl.simulate(step, hw).step_time))
     times: dict[str, list[float]] = {label: [] for label, _, _ in compiled}
+    # enough steps that the N-step difference is well above the per-run overhead's noise (~0.3 s of work)
+    n_steps = {label: max(steps, min(200, int(0.3 / max(pred, 1e-4)))) for label, _, pred in compiled}
     for _ in range(rounds):
         for label, step, _ in compiled:
-            times[label].append(wall_per_step(cluster, step, (*xs, y), steps))
+            times[label].append(wall_per_step(cluster, step, (*xs, y), n_steps[label]))
     print(f"\n{kind} on {ranks} ranks ({hw.name}; search took {res.seconds:.2f} s, method {res.method})")
     print(f"  {'strategy':70s} {'predicted ms':>12} {'measured ms':>12} {'spread ms':>14}")
     for label, _, pred in compiled:
