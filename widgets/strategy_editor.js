@@ -15,13 +15,13 @@ const PHASES = ["forward", "backward", "update"];
 
 // The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
 // once per model; sbplab/widgets/widget_base.py says why (one ES module per widget, no bundler).
-let h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue;
+let h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue, panZoom;
 
 async function initialize({ model }) {
   const url = URL.createObjectURL(new Blob([model.get("_dom_js")], { type: "text/javascript" }));
   const dom = await import(url);
   URL.revokeObjectURL(url);
-  ({ h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue } = dom);
+  ({ h, fmtBytes, redrawOn, onEnter, onEnterOrChange, showValue, panZoom } = dom);
   dom.useBaseCss(model);
 }
 
@@ -129,6 +129,9 @@ function render({ model, el }) {
   const collapseBox = h("input", { type: "checkbox", "data-testid": "graph-collapse" });
   collapseBox.addEventListener("change", () => commit("collapse", collapseBox.checked));
   const graph = h("div", { class: "se-graph", "data-testid": "physical-graph" });
+  const zoomBar = h("div", { class: "sbplab-zoom", "data-testid": "graph-zoom" });
+  const zoom = panZoom(graph, zoomBar);
+  let shownSvg = null;
   const graphNote = h("div", { class: "se-note sbplab-note", "data-testid": "graph-note" });
   const graphText = h("pre", { class: "se-text", "data-testid": "graph-text" });
   const memSvg = h("div", { class: "se-chart", "data-testid": "memory-chart" });
@@ -150,7 +153,7 @@ function render({ model, el }) {
     stageBox,
     h("div", { class: "se-row" }, field("graph", kindSel),
       ...PHASES.map((p, i) => field(p, phaseBoxes[i])), field("ranks", ranksIn), field("collapse", collapseBox)),
-    graphNote, graph, graphText,
+    graphNote, zoomBar, graph, graphText,
     h("div", { class: "se-charts" }, h("section", {}, memSvg, memTable), h("section", {}, commSvg)),
     h("details", {}, h("summary", { text: "communication, collective by collective" }), commText),
     h("details", {}, h("summary", { text: "summary" }), summary),
@@ -291,7 +294,12 @@ function render({ model, el }) {
     PHASES.forEach((p, i) => { phaseBoxes[i].checked = phases.includes(p); });
     showValue(ranksIn, model.get("graph_ranks"));
     collapseBox.checked = model.get("collapse");
-    graph.innerHTML = model.get("graph_svg");  // SVG made by graphviz from DOT text escaped in sbplab.viz
+    const svgText = model.get("graph_svg");
+    if (svgText !== shownSvg) {  // a redraw for other traits keeps the person's zoom and scroll
+      graph.innerHTML = svgText;  // SVG made by graphviz from DOT text escaped in sbplab.viz
+      shownSvg = svgText;
+      zoom.refit();
+    }
     graphNote.textContent = model.get("graph_note");
     graphNote.hidden = !model.get("graph_note");
     graphText.textContent = model.get("graph_text");
@@ -307,7 +315,8 @@ function render({ model, el }) {
     drawPrediction();
   }
 
-  return redrawOn(model, DERIVED, draw);
+  const stop = redrawOn(model, DERIVED, draw);
+  return () => { stop(); zoom.dispose(); };
 }
 
 export default { initialize, render };
