@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +20,16 @@ RUNS, WARM = 200, 10  # the first runs create process groups and fill caches; co
 
 
 def _usage(cluster) -> dict:
+    """Each count's least over a few samples: a thread torch or Gloo starts for a moment (seen in one
+    sample of one worker) is not a leak; a leak of anything per run shows in every sample."""
+    samples = []
+    for _ in range(5):
+        samples.append(_sample(cluster))
+        time.sleep(0.05)
+    return {k: min(s[k] for s in samples) for k in samples[0]}
+
+
+def _sample(cluster) -> dict:
     return {"driver threads": threading.active_count(), "driver fds": len(os.listdir("/proc/self/fd")),
             "children": len(children()),
             **{f"rank {r} fds": len(fds(p)) for r, p in enumerate(cluster.pids)},
@@ -38,5 +49,6 @@ def test_two_hundred_runs_in_a_row_leak_nothing():
                 base = _usage(c)
             res = c.run(plan, batch, steps=1, progress=False, timeout=30.0)
             assert res.losses == pytest.approx(ref_loss, rel=1e-5), f"run {i}"
-        assert _usage(c) == base
+        end = _usage(c)
+        assert all(end[k] <= base[k] for k in base), (base, end)  # nothing grew over 190 runs
         assert c.pids == pids and c.alive
