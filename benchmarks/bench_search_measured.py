@@ -19,24 +19,9 @@ import statistics
 import time
 
 import torch
+from bench_simulator import model as zoo_model  # the same small zoo models (scripts run from benchmarks/)
 
 import sbplab as sl
-from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
-
-
-def zoo(kind: str):
-    torch.manual_seed(0)
-    if kind == "mlp":
-        m = MLP(MLPConfig(in_dim=64, width=256, hidden=512, n_blocks=2, n_classes=10))
-        return m, *m.example_batch(64), m.loss_fn
-    if kind == "gpt":
-        m = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=4, n_embd=64))
-        return m, *m.example_batch(16), GPT.loss_fn
-    if kind == "wide_deep":
-        m = WideDeep(WideDeepConfig(vocab_size=512, n_fields=4, emb_dim=16, n_dense=8, hidden=64))
-        return m, *m.example_batch(64), m.loss_fn
-    m = CNN(CNNConfig(in_channels=3, image_size=16, channels=(8, 16), n_classes=10))
-    return m, *m.example_batch(32), m.loss_fn
 
 
 def wall_per_step(cluster: sl.LocalCluster, step, batch, n: int) -> float:
@@ -49,7 +34,7 @@ def wall_per_step(cluster: sl.LocalCluster, step, batch, n: int) -> float:
 
 
 def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, rounds: int, steps: int) -> float:
-    model, xs, y, loss_fn = zoo(kind)  # xs: the model's inputs (Wide&Deep takes two)
+    model, xs, y, loss_fn = zoo_model(kind, mlp_width=256)  # xs: the model's inputs (Wide&Deep takes two)
     opt = sl.SGD(lr=0.05)
     res = sl.search(model, xs, loss_fn=loss_fn, target=y, optimizer=opt, devices=ranks, hardware=hw, seed=0)
     entries = [("searched: " + res.best.describe(), res.strategy)]

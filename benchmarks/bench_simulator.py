@@ -24,10 +24,11 @@ from sbplab.compiler.lowering.to_actors import lower_to_actors
 from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
 
 
-def model(kind: str):
+def model(kind: str, mlp_width: int = 128):
+    """A small zoo model, its example batch and loss (the same seeds every time)."""
     torch.manual_seed(0)
     if kind == "mlp":
-        m = MLP(MLPConfig(in_dim=64, width=128, hidden=256, n_blocks=2, n_classes=10))
+        m = MLP(MLPConfig(in_dim=64, width=mlp_width, hidden=2 * mlp_width, n_blocks=2, n_classes=10))
         return m, *m.example_batch(64), torch.nn.functional.cross_entropy
     if kind == "gpt":
         m = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=4, n_embd=64))

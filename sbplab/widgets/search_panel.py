@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import traitlets as t
 
-from ..compiler.frontend.from_torch import from_torch
 from ..fmt import fmt_bytes
 from ..search import SearchProgress, SearchResult, search
 from . import search_form as form
@@ -100,12 +99,7 @@ class SearchPanel(SbplabWidget):
         elif isinstance(source, BuiltModel):
             self._model = source
         elif isinstance(source, torch.nn.Module):
-            if inputs is None or target is None or loss_fn is None:
-                raise TypeError("SearchPanel(module, inputs, target, loss_fn): a torch module needs an example batch, "
-                                "its target and a loss function")
-            xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-            self._model = BuiltModel(type(source).__name__, source, xs, target, loss_fn,
-                                     from_torch(source, xs, loss_fn, target))
+            self._model = BuiltModel.from_module(source, inputs, target, loss_fn, 'SearchPanel')
         else:
             raise TypeError(f"SearchPanel needs a StrategyEditor, a ModelBuilder, a BuiltModel or a torch module, "
                             f"got {type(source).__name__}")

@@ -27,7 +27,6 @@ import torch
 import traitlets as t
 
 from ..compiler.api import Compiled
-from ..compiler.frontend.from_torch import from_torch
 from ..compiler.ir import Graph
 from ..compiler.physical.expand import lower
 from ..compiler.physical.memory import memory_report
@@ -127,12 +126,7 @@ class StrategyEditor(EditorPrediction):
         elif isinstance(model, BuiltModel):
             self.model = model
         elif isinstance(model, torch.nn.Module):
-            if inputs is None or target is None or loss_fn is None:
-                raise TypeError("StrategyEditor(module, inputs, target, loss_fn): a torch module needs an example "
-                                "batch, its target and a loss function")
-            xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-            self.model = BuiltModel(type(model).__name__, model, xs, target, loss_fn,
-                                    from_torch(model, xs, loss_fn, target))
+            self.model = BuiltModel.from_module(model, inputs, target, loss_fn, 'StrategyEditor')
         else:
             raise TypeError(f"StrategyEditor needs a ModelBuilder, a BuiltModel or a torch module, "
                             f"got {type(model).__name__}")

@@ -46,6 +46,15 @@ class BuiltModel:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
 
+    @classmethod
+    def from_module(cls, module: nn.Module, inputs: Any, target: Any, loss_fn: Any, who: str) -> BuiltModel:
+        """A user's own module with one example batch; ``who`` (the widget) names itself in the error."""
+        if inputs is None or target is None or loss_fn is None:
+            raise TypeError(f"{who}(module, inputs, target, loss_fn): a torch module needs an example batch, "
+                            f"its target and a loss function")
+        xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        return cls(type(module).__name__, module, xs, target, loss_fn, from_torch(module, xs, loss_fn, target))
+
 
 # --- zoo configs as editable fields ---------------------------------------------------------------
 def config_fields(name: str, values: dict[str, Any]) -> list[dict[str, Any]]:
