@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .specs import Accumulate, Actor, Compute, PlanError, Sink, Source, State
+from .specs import Accumulate, Actor, Compute, PlanError, Sink, Source, State, materialize
 
 Kernel = Callable[[list, dict], Sequence[torch.Tensor]]
 
@@ -77,7 +77,7 @@ class SinkB(Behaviour):
 class StateB(Behaviour):
     def __init__(self, actor: State, micro, steps, device) -> None:
         super().__init__(actor, micro, steps, device)
-        self.value = actor.init.to(device, copy=True)  # type: ignore[union-attr]
+        self.value = materialize(actor.init, device)  # type: ignore[arg-type]
 
     def fire(self, k, inputs):
         if inputs:  # the update of step k - 1

@@ -310,6 +310,24 @@ class Sink(Actor):
         return 0
 
 
+@dataclass(frozen=True)
+class Zeros:
+    """A zero tensor described, not allocated. Optimizer states start as zeros; making them at
+    compile time (and shipping them to every rank) would cost gigabytes for a large model, so the
+    plan says "zeros of this shape" and the worker makes them where they live."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def materialize(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros(self.shape, dtype=self.dtype, device=device)
+
+
+def materialize(init: torch.Tensor | Zeros, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A State's initial value as a tensor of its own on ``device``."""
+    return init.materialize(device) if isinstance(init, Zeros) else init.to(device, copy=True)
+
+
 @dataclass
 class State(Actor):
     """A tensor that persists across steps: a parameter or an optimizer state (scope "step").
@@ -317,11 +335,11 @@ class State(Actor):
     Firing k emits the value for step k. ``update`` names the register holding the next value:
     firing k + 1 consumes the update of step k (a one-step lag closes the cycle), and after the
     last step the final update is absorbed so the driver can read the final value.
-    init: this rank's local shard at the start of every run.
+    init: this rank's local shard at the start of every run (``Zeros`` for a zero start).
     key, placement, sbp: how the driver assembles the global value (``result.params[key]``).
     """
 
-    init: torch.Tensor | None = None
+    init: torch.Tensor | Zeros | None = None
     update: Ref | None = None
     key: str = ""
     placement: Placement | None = None
@@ -335,7 +353,7 @@ class State(Actor):
             self.update = Ref(self.update)
         if self.inputs:
             raise PlanError(f"state {self.name!r} has no regular inputs; its next value comes via update=")
-        if not isinstance(self.init, torch.Tensor):
+        if not isinstance(self.init, (torch.Tensor, Zeros)):
             raise PlanError(f"state {self.name!r} needs its initial local tensor (init=)")
         if self.placement is not None:
             self.sbp = as_nd_sbp(self.sbp, self.placement.ndim)

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ...boxing.kinds import kernel_ref, kind_of
-from ...layout import local_block
+from ...layout import holds_value, local_block, local_shape, shard
 from ...runtime.actor_plan import ActorPlan, CommSlot
 from ...runtime.specs import (
     Accumulate,
@@ -36,6 +38,7 @@ from ...runtime.specs import (
     Sink,
     Source,
     State,
+    Zeros,
 )
 
 if TYPE_CHECKING:
@@ -53,9 +56,23 @@ class _Lowering:
         self.scope: dict[int, str] = {}
         self.tags: dict[tuple, int] = {}
         self.p2p: dict[tuple[int, int], list[tuple[int, str]]] = {}  # (node, peer) -> [(rank, actor)]
-        from ..physical.local_executor import initial_shards  # the executor's and our starting values agree
+        self.states: dict[tuple[int, str], State] = {}  # (rank, actor name) -> its State
+        self.initial: dict[str, dict[int, torch.Tensor]] = {}  # tensor -> rank -> shard, cut when first asked
 
-        self.initial = initial_shards(phys, graph)
+    def initial_shard(self, name: str, rank: int) -> torch.Tensor | Zeros:
+        """This rank's start value of ``name``: the executor's cut (so both agree), or ``Zeros``
+        described rather than made (optimizer states: gigabytes for a large model)."""
+        t = self.graph.tensors[name]
+        pl, sbp = self.phys.source_placement[name], self.phys.source_sbp[name]
+        if t.value is None and t.init == "zeros":
+            return Zeros(local_shape(t.shape, pl, sbp, rank), t.meta.dtype)
+        full = t.initial_value()
+        block = local_block(t.shape, pl, sbp, rank)
+        if all(e - s == n for (s, e), n in zip(block, t.shape)) and holds_value(pl, sbp, rank):
+            return full  # a whole copy: every such rank shares it (each worker copies its init anyway)
+        if name not in self.initial:
+            self.initial[name] = shard(full, pl, sbp, f"tensor {name!r}")
+        return self.initial[name][rank]
 
     def regs(self, n: PhysNode) -> int:
         if self.fixed is not None:
@@ -113,8 +130,9 @@ class _Lowering:
             self.add(n, Source(f"n{n.id}", feed=name, placement=pl, sbp=sbp, registers=self.regs(n),
                                scope="micro" if self.phys.micro_batches > 1 else "step"))
             return
-        init = self.initial[name][n.rank]
-        self.add(n, State(f"n{n.id}", init=init, key=name, placement=pl, sbp=sbp, registers=1))
+        st = State(f"n{n.id}", init=self.initial_shard(name, n.rank), key=name, placement=pl, sbp=sbp, registers=1)
+        self.states[(n.rank, st.name)] = st
+        self.add(n, st)
 
     def collective(self, n: PhysNode, common: dict) -> None:
         """One member of a group collective: the kind says the actor's fields and the bytes it sends."""
@@ -214,9 +232,7 @@ class _Lowering:
     def updates(self) -> None:
         for name, per_rank in self.phys.state_updates.items():
             for r, ref in per_rank.items():
-                src = self.phys.sources[name][r]
-                st = next(a for a in self.actors[r] if a.name == f"n{src}")
-                st.update = self.ref(ref)  # type: ignore[attr-defined]
+                self.states[(r, f"n{self.phys.sources[name][r]}")].update = self.ref(ref)
 
 
 def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None = None, outputs: bool = False,
