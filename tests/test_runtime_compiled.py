@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sbplab.compiler import SGD, Adam, compile, presets
+from sbplab.compiler.lowering.buckets import plan_buckets
 from sbplab.models import CNN, GPT, MLP, CNNConfig, GPTConfig, MLPConfig, WideDeep, WideDeepConfig
 from sbplab.runtime import Collective, LocalCluster, Recv, Send
 
@@ -85,9 +86,14 @@ def test_compiled_step_on_workers_matches_executor_and_torch(cluster, kind, labe
     assert res.losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
     for name, p in ref_params.items():
         assert torch.allclose(res.params[name].full(), p.detach(), atol=1e-4), name
-    # the plan communicates exactly what the physical graph says
+    # the plan communicates exactly what the physical graph says, parameter gradients in buckets
     colls = {a.name for rp in plan.ranks.values() for a in rp.actors if isinstance(a, Collective)}
-    assert len(colls) == len({c.index for c in comp.physical.collectives if c.kind != "send_recv"})
+    buckets = plan_buckets(comp.physical, comp.graph, comp.strategy.bucket_mb * 2**20)
+    bucketed = sum(len(b.collectives) for b in buckets)
+    assert len(colls) == len({c.index for c in comp.physical.collectives if c.kind != "send_recv"}) - bucketed \
+        + len(buckets)
+    if label.startswith(("dp", "zero")):  # every gradient of one group fits one 25 MiB bucket
+        assert buckets and bucketed > len(buckets)
     p2p = sum(isinstance(a, (Send, Recv)) for rp in plan.ranks.values() for a in rp.actors)
     assert p2p == 2 * sum(c.kind == "send_recv" for c in comp.physical.collectives)
 

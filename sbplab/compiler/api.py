@@ -62,7 +62,8 @@ class Compiled:
         key = (world_size, registers, outputs, order)
         if key not in self._plans:
             self._plans[key] = lower_to_actors(self.physical, self.graph, registers=registers, outputs=outputs,
-                                               name=self.strategy.name, world_size=world_size, order=order)
+                                               name=self.strategy.name, world_size=world_size, order=order,
+                                               bucket_mb=self.strategy.bucket_mb)
         return self._plans[key]
 
     def feeds(self, inputs: Any) -> Batches:

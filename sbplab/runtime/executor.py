@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ..boxing.kinds import kind_of
+from ..boxing.bucket_kernels import pack_bucket
+from ..boxing.kinds import kernel_ref, kind_of
 from .actor_plan import RankPlan
 from .actors import make_behaviour
 from .comm import Comm
@@ -29,6 +30,7 @@ from .lanes import CommFailure, CommLane, Streams
 from .specs import Accumulate, Collective, Recv, Sink, State
 
 COMPUTE, COMM = 0, 1
+PACK = kernel_ref(pack_bucket)
 
 
 @dataclass
@@ -102,15 +104,16 @@ class Executor:
         """A collective whose kind allows it (all-reduce) may work in place on a register only it reads,
         made fresh by its producer.
 
-        Accumulate buffers and received tensors are fresh; a compute kernel may return a view of
-        a parameter (a reshape, an identity), so its outputs are copied first.
+        Accumulate buffers, received tensors and packed gradient buckets are fresh; any other compute
+        kernel may return a view of a parameter (a reshape, an identity), so its outputs are copied first.
         """
         node = self.graph.nodes[i]
         a = node.actor
         if not isinstance(a, Collective) or not kind_of(a.kind_).in_place_ok or len(node.inputs) != 1:
             return False
         prod = self.graph.nodes[node.inputs[0][0]]
-        return isinstance(prod.actor, (Accumulate, Recv, Collective)) and prod.needed_acks == 1
+        fresh = isinstance(prod.actor, (Accumulate, Recv, Collective)) or getattr(prod.actor, "op", "") == PACK
+        return fresh and prod.needed_acks == 1
 
     # --- registers --------------------------------------------------------------------------------
     def _inputs(self, i: int, k: int) -> tuple[list[torch.Tensor], list]:

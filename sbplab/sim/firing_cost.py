@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from ..hardware import Hardware, op_key
 from ..ops.registry import REGISTRY, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send
 from .comm_time import CommInfo, comm_duration, comm_info
-from .shapes import ActorShapes, nbytes
+from .shapes import ActorShapes, kernel_of, nbytes
 from .sim_errors import SimulationError
 
 
@@ -52,6 +53,13 @@ def _flops(name: str, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...],
         return 0.0
 
 
+@functools.cache
+def _views_only(op: str) -> bool:
+    """A plain kernel marked ``views_only`` (a gradient bucket's unpack) returns views of its input:
+    no bytes move, only the firing overhead is paid."""
+    return ":" in op and bool(getattr(kernel_of(op), "views_only", False))
+
+
 def _dtype(shapes: ActorShapes):
     metas = shapes.inputs or shapes.outputs
     return metas[0].dtype if metas else None
@@ -78,6 +86,8 @@ def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str)
     moved = sum(nbytes(m) for m in ins) + sum(nbytes(m) for m in outs)
     if isinstance(a, Compute):
         dtype = _dtype(shapes)
+        if _views_only(a.op):
+            moved = 0
         key = op_key(a.op, [m.shape for m in ins], dtype or "float32", device_type)
         t, measured = hw.op_time(key, _flops(a.op, ins, outs, a.attrs), moved, dtype)
         return FiringCost(t + over, measured, not measured, overhead=over)

@@ -87,7 +87,7 @@ def _source_meta(a: Source, rank: int, micro: int, batch: dict[str, TensorMeta])
     return TensorMeta(local_shape(tuple(shape), a.placement, a.sbp, rank), m.dtype)  # type: ignore[arg-type]
 
 
-def _kernel(op: str):
+def kernel_of(op: str):
     if ":" in op:
         mod, fn = op.split(":", 1)
         return getattr(importlib.import_module(mod), fn)
@@ -97,7 +97,7 @@ def _kernel(op: str):
 def _run_on_meta(a: Compute, ins: tuple[TensorMeta, ...]) -> tuple[TensorMeta, ...]:
     """Output metas of a kernel: run it on meta tensors (no data), else on zeros if it reads values."""
     try:
-        kernel = _kernel(a.op)
+        kernel = kernel_of(a.op)
     except (ImportError, AttributeError, KeyError, ValueError) as e:
         raise SimulationError(f"compute actor {a.name!r}: op {a.op!r} is neither a registry op nor an "
                               f"importable 'module:function' kernel ({e})") from None

@@ -55,7 +55,9 @@ class StepKind:
     - ``between_placements``: a move from one placement to another, not a step on one mesh axis;
     - ``in_place_ok``: the runtime may let it overwrite an input register only it reads;
     - ``lowering``: the actor it becomes: "collective", "kernel" (a local Compute) or "p2p" (Send/Recv);
-    - ``has_root``: one rank (a Collective's ``src``) holds the value the others receive.
+    - ``has_root``: one rank (a Collective's ``src``) holds the value the others receive;
+    - ``bucket_layout``: how gradients share one run of it (``bucket_kernels``): "flat" (one
+      concatenation), "regions" (one region per rank), None (never bucketed).
     """
 
     name: ClassVar[str] = ""
@@ -66,6 +68,7 @@ class StepKind:
     in_place_ok: ClassVar[bool] = False
     lowering: ClassVar[str] = "kernel"
     has_root: ClassVar[bool] = False
+    bucket_layout: ClassVar[str | None] = None
 
     def __str__(self) -> str:
         return self.name

@@ -108,6 +108,7 @@ class ReduceScatterKind(RingKind):
 
     name = "reduce_scatter"
     reduces = True
+    bucket_layout = "regions"
 
     def turns(self, old: SbpParallel, new: SbpParallel) -> bool:
         return isinstance(old, Partial) and isinstance(new, Split)
@@ -160,6 +161,7 @@ class AllReduceKind(RingKind):
 
     name = "all_reduce"
     reduces = True
+    bucket_layout = "flat"
     in_place_ok = True
     ring_rounds = 2
 

@@ -68,6 +68,9 @@ class Hint:
         return f"{kind} hint {what}{role}" + (f" [{self.why}]" if self.why else "")
 
 
+DEFAULT_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb
+
+
 @dataclass
 class Strategy:
     """How to parallelise a training graph.
@@ -76,7 +79,9 @@ class Strategy:
     pipeline stage, all with the same mesh rank), forward ops are cut into contiguous stages,
     balanced by FLOPs unless ``stage_of`` maps module prefixes to stage numbers; backward and
     update ops follow their forward op. ``micro_batches`` splits each step's batch. ``signatures``
-    are the ops told which signature to take (``signature``).
+    are the ops told which signature to take (``signature``). ``bucket_mb``: parameter gradients of
+    one group are reduced in buckets of about this many MiB, as DDP does (its default); 0 reduces
+    each gradient on its own.
     """
 
     placement: Placement
@@ -85,6 +90,7 @@ class Strategy:
     stage_of: dict[str, int] = field(default_factory=dict)
     micro_batches: int = 1
     name: str = "custom"
+    bucket_mb: float = DEFAULT_BUCKET_MB
     signatures: list[SignatureHint] = field(default_factory=list)
     megatron: list[MegatronRule] = field(default_factory=list)  # Megatron pairs, found in the graph
     report: HintReport | None = field(default=None, repr=False, compare=False)  # set by the last deduction
@@ -94,6 +100,8 @@ class Strategy:
             raise InputTypeError(f"Strategy.placement must be an sl.Placement, got {type(self.placement).__name__}")
         if self.micro_batches < 1:
             raise InputError(f"Strategy.micro_batches must be >= 1, got {self.micro_batches}")
+        if not self.bucket_mb >= 0:
+            raise InputError(f"Strategy.bucket_mb must be >= 0 MiB (0: no buckets), got {self.bucket_mb}")
         if self.stages is not None:
             if not self.stages:
                 raise InputError("Strategy.stages must list at least one placement")

@@ -40,6 +40,9 @@ from ...runtime.specs import (
     State,
     Zeros,
 )
+from ..deduction.strategy import DEFAULT_BUCKET_MB
+from .bucket_actors import bucket_actors
+from .buckets import plan_buckets
 
 if TYPE_CHECKING:
     from ..ir import Graph
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 
 
 class _Lowering:
-    def __init__(self, phys: PhysicalGraph, graph: Graph, registers: int | None) -> None:
+    def __init__(self, phys: PhysicalGraph, graph: Graph, registers: int | None, bucket_mb: float) -> None:
         self.phys, self.graph = phys, graph
         self.stages = 1 + max((n.stage for n in phys.nodes), default=0)
         self.fixed = registers
@@ -58,6 +61,10 @@ class _Lowering:
         self.p2p: dict[tuple[int, int], list[tuple[int, str]]] = {}  # (node, peer) -> [(rank, actor)]
         self.states: dict[tuple[int, str], State] = {}  # (rank, actor name) -> its State
         self.initial: dict[str, dict[int, torch.Tensor]] = {}  # tensor -> rank -> shard, cut when first asked
+        self.buckets = plan_buckets(phys, graph, bucket_mb * 2**20)
+        self.bucket_of = {c: b for b in self.buckets for c in b.collectives}  # collective index -> its bucket
+        self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
+        self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
 
     def initial_shard(self, name: str, rank: int) -> torch.Tensor | Zeros:
         """This rank's start value of ``name``: the executor's cut (so both agree), or ``Zeros``
@@ -80,13 +87,13 @@ class _Lowering:
         return max(2, self.stages - n.stage) if n.when == "each" else 2
 
     def ref(self, r: Any) -> Ref:
-        return Ref(self.name[r.node], r.out)
+        return self.alias.get(r.node) or Ref(self.name[r.node], r.out)
 
     def tag(self, key: tuple) -> int:
         return self.tags.setdefault(key, len(self.tags))
 
-    def add(self, n: PhysNode, a: Actor) -> None:
-        self.actors[n.rank].append(a)
+    def add(self, n: PhysNode, *actors: Actor) -> None:
+        self.actors[n.rank].extend(actors)
 
     # --- one node -------------------------------------------------------------------------------
     def node(self, n: PhysNode) -> None:
@@ -111,6 +118,8 @@ class _Lowering:
         elif n.kind == "compute":
             self.add(n, Compute(f"n{n.id}", op=n.op, attrs=n.attrs, inputs=tuple(map(self.ref, n.inputs)),
                                 outputs=len(n.out_shapes), **common))
+        elif n.kind == "boxing" and n.collective in self.bucket_of:
+            self.bucket_member(n, common)
         elif n.kind == "boxing" and n.attrs["plan_step"].kind_obj.lowering == "collective":
             self.collective(n, common)
         elif n.kind == "boxing" and n.attrs["plan_step"].kind_obj.lowering == "kernel":
@@ -146,6 +155,18 @@ class _Lowering:
         self.add(n, Collective(f"c{n.collective}", kind_=step.kind, group=group, inputs=(self.ref(n.inputs[0]),),
                                order=n.collective, mesh_axis=step.mesh_axis,
                                bytes_sent=int(step.bytes_sent.get(n.rank, 0)), **kw, **common))
+
+    def bucket_member(self, n: PhysNode, common: dict) -> None:
+        """A gradient reduction that runs in a bucket: its output is a view the bucket's unpack hands
+        out; the bucket's actors are made when its last member on this rank is lowered."""
+        b = self.bucket_of[n.collective]  # type: ignore[index]
+        self.alias[n.id] = Ref(f"b{b.index}.unpack", b.collectives.index(n.collective))  # type: ignore[arg-type]
+        self.name[n.id] = f"b{b.index}.unpack"
+        members = self.waiting.setdefault((b.index, n.rank), [])
+        members.append(n)
+        if len(members) == len(b.collectives):
+            members.sort(key=lambda m: b.collectives.index(m.collective))  # type: ignore[arg-type]
+            self.add(n, *bucket_actors(b, members, [self.ref(m.inputs[0]) for m in members], self.graph, common))
 
     def local_step(self, n: PhysNode, common: dict) -> None:
         """A local step (slice, zero fill): the kind's own kernel, the one its in-process run calls."""
@@ -216,6 +237,11 @@ class _Lowering:
         phys, M = self.phys, self.phys.micro_batches
         slots: dict[str, list[list[CommSlot]]] = {"before": [], "each": [], "after": []}
         for c in phys.collectives:
+            b = self.bucket_of.get(c.index)
+            if b is not None:  # the bucket goes out where its last gradient would have
+                if c.index == b.collectives[-1]:
+                    slots[c.when].append([CommSlot(phys.nodes[i].rank, f"b{b.index}", 0) for i in c.nodes])
+                continue
             if kind_of(c.kind).between_placements:
                 s_node, r_node = c.nodes
                 names = self.p2p[(s_node, c.group[1])] + self.p2p[(r_node, c.group[0])]
@@ -237,7 +263,7 @@ class _Lowering:
 
 def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None = None, outputs: bool = False,
                     name: str = "compiled", world_size: int | None = None,
-                    order: str = "derive") -> ActorPlan:
+                    order: str = "derive", bucket_mb: float = DEFAULT_BUCKET_MB) -> ActorPlan:
     """The ActorPlan of one training step of ``phys`` (lowered from ``graph``, which holds the values).
 
     registers: one register count for every actor instead of the pipeline-aware defaults.
@@ -246,10 +272,12 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
         which lets pipeline stages overlap and proves the register counts cannot deadlock;
         "compiler": the physical graph's own order (each micro-batch's communication in turn),
         replayed first and refused if the register counts would deadlock under it.
+    bucket_mb: parameter-gradient reductions of one group are coalesced into buckets of about this
+        size (torch DDP's default); 0 runs one collective per gradient (``lowering.buckets``).
     """
     if order not in ("derive", "compiler"):
         raise ValueError(f"order must be 'derive' or 'compiler', got {order!r}")
-    lw = _Lowering(phys, graph, registers)
+    lw = _Lowering(phys, graph, registers, bucket_mb)
     for n in phys.nodes:
         lw.node(n)
     lw.updates()

@@ -1,0 +1,46 @@
+"""Pack and unpack a gradient bucket: many reductions of one group done as one collective.
+
+DDP and FSDP coalesce gradients into buckets because every collective pays a fixed latency (and, in
+sbplab, a scheduler hop per firing): one all-reduce over a flat buffer of 25 MiB costs about the
+same bytes as fifty small ones and a fiftieth of their latency. A bucket is three actors on each
+rank: ``pack_bucket`` copies its gradients into one flat buffer when the last of them exists, one
+plain collective runs on that buffer, and ``unpack_bucket`` hands each gradient back as a view.
+
+An all-reduce bucket is the flat concatenation. A reduce-scatter bucket must give every rank its own
+slice of every gradient, so the buffer is ``p`` equal regions: region ``j`` holds piece ``j`` of each
+gradient (split along that gradient's own dim, uneven pieces allowed), zero-padded to the largest
+region; a reduce-scatter over dim 0 then leaves region ``me`` on rank ``me``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layout import numel
+
+
+def pack_bucket(xs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor]:
+    """The bucket's flat buffer: ``(N,)`` for an all-reduce, ``(p * region,)`` for a reduce-scatter."""
+    if "region" not in attrs:
+        return (torch.cat([x.reshape(-1) for x in xs]),)
+    region, p = attrs["region"], len(attrs["sizes"][0])
+    out = torch.zeros(p * region, dtype=xs[0].dtype, device=xs[0].device)
+    for j in range(p):
+        at = j * region
+        for x, dim, sizes in zip(xs, attrs["dims"], attrs["sizes"]):
+            piece = x.narrow(dim, sum(sizes[:j]), sizes[j])  # gradient i's piece for rank j
+            out[at: at + piece.numel()] = piece.reshape(-1)
+            at += piece.numel()
+    return (out,)
+
+
+def unpack_bucket(xs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Each gradient of the bucket as a view of the reduced buffer, in its local shape."""
+    shapes = attrs["shapes"]
+    counts = [numel(s) for s in shapes]
+    flat = xs[0].reshape(-1)[: sum(counts)]
+    return tuple(v.view(s) for v, s in zip(torch.split(flat, counts), shapes))
+
+
+
+unpack_bucket.views_only = True  # type: ignore[attr-defined]  # the simulator: no bytes move

@@ -1,0 +1,51 @@
+"""One bucket on one rank as actors: ``pack`` (its gradients into a flat buffer), one collective on
+that buffer, and ``unpack`` (a view per gradient). See ``boxing.bucket_kernels`` for the layout."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...boxing.bucket_kernels import pack_bucket, unpack_bucket
+from ...boxing.kinds import kernel_ref, kind_of
+from ...boxing.kinds.collective_kind import rest_of
+from ...layout import numel
+from ...runtime.specs import Actor, Collective, Compute, Ref
+
+if TYPE_CHECKING:
+    from ..ir import Graph
+    from ..physical.graph import PhysNode
+    from .buckets import Bucket
+
+
+def bucket_actors(b: Bucket, members: list[PhysNode], inputs: list[Ref], graph: Graph,
+                  common: dict) -> list[Actor]:
+    """The actors of bucket ``b`` on the rank of ``members`` (its gradient reductions there, in
+    bucket order; ``inputs``: the registers they read)."""
+    kind = kind_of(b.kind)
+    group = tuple(members[0].attrs["group"])
+    step = members[0].attrs["plan_step"]
+    kws = [kind.collective_attrs(m.attrs["plan_step"], group, m.in_shapes[0], graph.tensors[m.logical].shape)
+           for m in members]
+    p, me = len(group), group.index(members[0].rank)
+    if kind.bucket_layout == "flat":  # the flat concatenation: (sum of numels,)
+        pack: dict = {}
+        flat = (sum(numel(m.in_shapes[0]) for m in members),)
+        coll: dict = dict(reduce_op=kws[0]["reduce_op"])
+    else:  # reduce-scatter: p equal regions, region j = every gradient's piece j
+        dims = tuple(kw["dim"] for kw in kws)
+        sizes = tuple(tuple(kw["sizes"]) for kw in kws)
+        region = max(sum(rest_of(m.in_shapes[0], d) * s[j] for m, d, s in zip(members, dims, sizes))
+                     for j in range(p))
+        pack = dict(dims=dims, sizes=sizes, region=region)
+        flat = (p * region,)
+        coll = dict(reduce_op=kws[0]["reduce_op"], dim=0, sizes=(region,) * p)
+    name = f"b{b.index}"
+    c = Collective(name, kind_=kind.name, group=group, inputs=(Ref(f"{name}.pack"),),
+                   order=members[-1].collective or 0, mesh_axis=step.mesh_axis, **coll, **common)
+    c.bytes_sent = kind.actor_bytes(c, me, flat, members[0].out_dtypes[0].itemsize)
+    return [
+        Compute(f"{name}.pack", op=kernel_ref(pack_bucket), attrs=pack, inputs=tuple(inputs), **common),
+        c,
+        Compute(f"{name}.unpack", op=kernel_ref(unpack_bucket), attrs=dict(shapes=tuple(m.out_shapes[0] for m in members)),
+                inputs=(Ref(name),), outputs=len(members), **common),
+    ]
