@@ -243,6 +243,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None, help="sbplab strategies to run: dp zero3 tp pipe")
     a = ap.parse_args()
     if a.quick:
         a.widths, a.ranks, a.steps, a.rounds = [256], [2], 6, 2
@@ -254,6 +255,8 @@ def main() -> None:
         with sl.LocalCluster(world, threads=1) as cluster:
             for width in a.widths:
                 for label, kind, peer, peer_label in PAIRS:
+                    if a.only and kind not in a.only:
+                        continue
                     ours, theirs, l0, p0 = bench_pair(cluster, world, width, kind, peer, a.warm, a.steps,
                                                       a.rounds)
                     ratio = statistics.median(ours) / statistics.median(theirs)

@@ -114,7 +114,7 @@ class Worker:
                 def report(step: int, losses: dict) -> None:
                     self._send(("step", spec.run_id, self.rank, step, losses))
             self.executor = Executor(spec, self.rank, self.comm, self.device, self.activity, report)
-            box["result"] = self.executor.run()
+            box["result"] = _profiled(self.executor.run, self.rank, spec.run_id)
         except ActorFailure as e:
             box["error"] = e.info
         except BaseException:  # noqa: BLE001 - everything goes back to the driver
@@ -134,6 +134,21 @@ class Worker:
 
 
 STORE_HOST = "127.0.0.1"  # every rank of a spawned cluster is on this machine
+
+
+def _profiled(run, rank: int, run_id: int):
+    """``run()``, under cProfile when ``SBPLAB_PROFILE_DIR`` names a folder: the stats of each run go to
+    ``rank{rank}-run{run_id}.prof`` there, to find where a rank's time goes (``python -m pstats``)."""
+    folder = os.environ.get("SBPLAB_PROFILE_DIR")
+    if not folder:
+        return run()
+    import cProfile  # noqa: PLC0415 - only when asked
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(run)
+    finally:
+        prof.dump_stats(os.path.join(folder, f"rank{rank}-run{run_id}.prof"))
 
 
 def _store(conn: Connection, init: dict):
