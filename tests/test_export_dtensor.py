@@ -72,7 +72,7 @@ def test_dp_tp_keeps_both_axes_and_zero_is_fully_shard():
 def test_what_dtensor_cannot_express_is_named():
     exp, _ = _export(presets.pipeline(2, 2))
     assert exp.mode == "pipeline"
-    assert "torch.distributed.pipelining" in exp.unsupported[0] and "'blocks.0': SplitPoint.BEGINNING" in exp.unsupported[0]
+    assert "torch.distributed.pipelining" in exp.unsupported[0] and "'blocks.1': SplitPoint.BEGINNING" in exp.unsupported[0]
     with pytest.raises(ValueError, match="pipeline, which DTensor cannot express"):
         exp.apply(torch.nn.Linear(2, 2), None)
     st = presets.data_parallel(2).signature("blocks_0_act", "S(0) -> S(0)", why="mine")

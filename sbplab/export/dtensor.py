@@ -193,10 +193,11 @@ def _unsupported(step: Any, mesh: Any, plan: dict[str, str], tp: int | None) -> 
     out: list[str] = []
     if st.stages:
         cuts = []
+        fwd = g.ops_in("forward")
         for s in range(1, len(st.stages)):
-            first = next((op for op in g.ops_in("forward") if op.stage == s), None)
-            if first is not None:
-                cuts.append(f"{first.module or first.name!r}: SplitPoint.BEGINNING")
+            i = next((i for i, op in enumerate(fwd) if op.stage == s), None)
+            if i is not None:
+                cuts.append(f"{_outermost_starting_at(fwd, i)!r}: SplitPoint.BEGINNING")
         out.append(f"pipeline of {len(st.stages)} stages x {st.micro_batches} micro-batches: DTensor has no "
                    f"stages; use torch.distributed.pipelining.pipeline(model, mb_args, split_spec={{"
                    f"{', '.join(cuts)}}}) with ScheduleGPipe(n_microbatches={st.micro_batches})")
@@ -228,3 +229,18 @@ def _local_reshapes(g: Any, d: Any, tp: int) -> list[str]:
                        f"parallelize_module the forward sees local tensors, so its target shape {op.attrs.get('shape')} "
                        f"must use local sizes (heads // tp) or -1, as torchtitan's models do")
     return out
+
+
+def _outermost_starting_at(fwd: list, i: int) -> str:
+    """The widest module whose first forward op is ``fwd[i]`` (``blocks.1`` rather than ``blocks.1.fc1``):
+    where torch.distributed.pipelining splits."""
+    module = fwd[i].module
+    if not module:
+        return fwd[i].name
+    before = {op.module for op in fwd[:i]}
+    parts = module.split(".")
+    for n in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:n])
+        if not any(m == prefix or m.startswith(prefix + ".") for m in before):
+            return prefix
+    return module

@@ -131,6 +131,7 @@ class Engine:
         lane_last = {r: -1 for r in self.reps}
         needs, waiters = self.needs, self.waiters
         posted_at: dict[tuple[int, int, int], int] = {}  # (rep, actor, firing) -> firing id, while unmatched
+        possible: list[tuple[tuple[int, int], int]] = []  # communication all of whose members posted, this instant
         count: dict[tuple[int, int, int], int] = {}
         # registers: per (rank, node) the ids of outputs still alive, in order; released counters seen
         seen_rel = {r: [0] * len(g.nodes) for r, g in graphs.items()}
@@ -153,34 +154,45 @@ class Engine:
             return fid
 
         def post(r: int, i: int, k: int, fid: int) -> None:
-            """Record a post; start every communication whose members have now all posted."""
-            nonlocal seq
+            """Record a post; a communication whose members have now all posted waits for ``start_all``."""
             posted_at[(r, i, k)] = fid
-            done = []
             for w in waiters[(r, i)]:
                 key = (w[0], w[1], k)
                 c = count.get(key, 0) + 1
                 if c == len(needs[w]):
                     count.pop(key, None)
-                    done.append(w)
+                    possible.append((w, k))
                 else:
                     count[key] = c
-            starts = []
-            for w in done:  # lanes as they were before any of these starts
-                start, cause, dur = now, o_cause[fid], 0.0
-                for q in needs[w]:
+
+        def start_all() -> None:
+            """Start the communication that became possible at this instant, first posted first: each
+            transfer begins when every member's lane is free. Taking them in the order of their first
+            post, not of which rank's post came last, makes the schedule independent of the order ranks
+            are visited in (ranks alike, simulated once, then fire exactly as when all are simulated)."""
+            nonlocal seq
+            transfers: dict[tuple, list[tuple[int, int]]] = {}
+            for w, k in possible:
+                transfers.setdefault((needs[w], k), []).append(w)
+            possible.clear()
+            firsts = sorted((min(posted_at[(q[0], q[1], k)] for q in parts), parts, k)
+                            for (parts, k) in transfers)
+            for _, parts, k in firsts:
+                start, cause, dur = now, -1, 0.0
+                last_post = max(posted_at[(q[0], q[1], k)] for q in parts)
+                cause = o_cause[last_post]
+                for q in parts:
                     if lane_free[q[0]] > start:
                         start, cause = lane_free[q[0]], lane_last[q[0]]
                     if work[q[0]][q[1]] > dur:
                         dur = work[q[0]][q[1]]
-                starts.append((w, start, start + dur, cause))
-            for w, start, end, cause in starts:
-                f = posted_at.pop((w[0], w[1], k))
-                o_xfer[f], o_cause[f] = start, cause
-                if end > lane_free[w[0]]:
-                    lane_free[w[0]], lane_last[w[0]] = end, f
-                seq += 1
-                heapq.heappush(events, (end, seq, f))
+                for w in transfers[(parts, k)]:
+                    f = posted_at.pop((w[0], w[1], k))
+                    o_xfer[f], o_cause[f] = start, cause
+                    if start + dur > lane_free[w[0]]:
+                        lane_free[w[0]], lane_last[w[0]] = start + dur, f
+                    seq += 1
+                    heapq.heappush(events, (start + dur, seq, f))
 
         def schedule(r: int) -> None:
             nonlocal seq, busy_count, rate
@@ -243,6 +255,7 @@ class Engine:
                     queued[r][i] = True
         for r in self.reps:
             schedule(r)
+        start_all()
         while events or vevents:
             t_real = events[0][0] if events else INF
             t_virt = now + (vevents[0][0] - V) / rate if vevents else INF
@@ -258,6 +271,7 @@ class Engine:
                 dirty.add(finish(heapq.heappop(vevents)[2]))
             for r in sorted(dirty):
                 schedule(r)
+            start_all()
         stuck = [r for r, g in graphs.items() if not g.finished()]
         if stuck:
             from .sim_errors import SimulationError

@@ -118,6 +118,8 @@ class Deduction:
                 self.boxings[via].consumers.append(op.name)
             return via
         key = ("in", tensor, want, op.placement, op.phase)
+        if src_pl != op.placement and op.phase == "backward" and key[:-1] + ("forward",) in self._shared:
+            key = key[:-1] + ("forward",)  # a pipeline stage keeps what it received for backward, not re-sent
         # reducing a gradient for its update is the end of the backward pass (as in DDP)
         phase = "backward" if op.phase == "update" and self.graph.tensors[tensor].role == "grad" else op.phase
         if key not in self._shared:
@@ -274,7 +276,7 @@ def deduce(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -
     """Place every op and give every tensor an SBP; see the module docstring for the rules."""
     graph.validate()
     d = Deduction(graph, strategy, hardware)
-    d.placement.update(assign_placements(graph, strategy))
+    d.placement.update(assign_placements(graph, strategy, hardware))
     d.store_hints, d.use_hints = strategy.resolve_hints(graph)
     d.forced = forced_signatures(graph, strategy.signatures)
     _check_hints(d)
