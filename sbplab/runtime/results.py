@@ -49,7 +49,9 @@ def cut_feeds(plan: ActorPlan, batches: Batches | None,
                 full = per_step[s][a.feed]
                 micros = range(M) if a.scope == "micro" else [None]
                 for m in micros:
-                    key = (a.feed, s, m, a.placement, a.sbp, a.micro_dim)
+                    # keyed by the tensor, not the step: a batch given once for every step is cut once,
+                    # and the run ships one copy of each shard (pickle sends a repeated object once)
+                    key = (a.feed, id(full), m, a.placement, a.sbp, a.micro_dim)
                     if key not in cache:
                         piece = full
                         if m is not None:
