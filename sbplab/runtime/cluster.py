@@ -126,7 +126,7 @@ class LocalCluster:
         self._board.clear()
         try:
             for r in range(self.n):
-                self._procs.append(spawn_worker(self.address, self._token, r, self._board.path))
+                self._procs.append(spawn_worker(self.address, self._token, r, self._board.fd))
             init = "store"  # rank 0 opens a TCPStore on a loopback port of the OS's choosing
             self.driver = Driver(self.address, self._incoming, self.n, self.device_type, init, self._threads,
                                  self._procs, self._slots)

@@ -70,13 +70,13 @@ class WorkerProcess:
         return f"WorkerProcess(rank={self.rank}, pid={self.pid}, exitcode={self.exitcode})"
 
 
-def spawn_worker(address: tuple[str, int], token: str, rank: int, activity_path: str) -> WorkerProcess:
+def spawn_worker(address: tuple[str, int], token: str, rank: int, activity_fd: int) -> WorkerProcess:
     """Start rank ``rank``; it connects back to ``address`` and proves it holds ``token``."""
     host, port = address
     cmd = [sys.executable, "-m", "sbplab.worker", "--driver", f"{host}:{port}", "--rank", str(rank),
-           "--activity", activity_path, "--parent-pid", str(os.getpid())]
+           "--activity-fd", str(activity_fd), "--parent-pid", str(os.getpid())]
     popen = subprocess.Popen(cmd, env=worker_env(token), stdin=subprocess.DEVNULL, start_new_session=True,
-                             close_fds=True)
+                             close_fds=True, pass_fds=(activity_fd,))
     return WorkerProcess(popen, rank)
 
 

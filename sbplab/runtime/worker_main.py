@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="file holding the cluster's token, readable by you only (default: $SBPLAB_TOKEN)")
     ap.add_argument("--token", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=None, help="set by LocalCluster (torchrun: $RANK)")
-    ap.add_argument("--activity", default=None, metavar="PATH", help="set by LocalCluster: activity slots file")
+    ap.add_argument("--activity-fd", type=int, default=None, metavar="FD",
+                    help="set by LocalCluster: the activity slots file, inherited")
     ap.add_argument("--parent-pid", type=int, default=None, help="set by LocalCluster: exit when it exits")
     args = ap.parse_args(argv)
     if args.token is not None:
@@ -266,10 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)
     activity = None
-    if args.activity is not None:
+    if args.activity_fd is not None:
         if args.rank is None:
-            ap.error("--activity needs --rank")
-        activity = ActivityBoard(args.activity, args.rank + 1).slot(args.rank)
+            ap.error("--activity-fd needs --rank")
+        activity = ActivityBoard(args.activity_fd, args.rank + 1).slot(args.rank)
     worker_main((host.strip("[]"), int(port)), token.encode(), args.rank, activity)
 
 

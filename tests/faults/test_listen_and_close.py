@@ -71,3 +71,19 @@ def test_ctrl_c_during_close_leaves_no_process_behind():
         timer.cancel()
     assert all(gone(p) for p in pids)
     assert _refused(address) and _accept_threads() == threads
+
+
+def test_nothing_is_left_on_disk_even_if_the_driver_is_killed():
+    """The activity slots file is unlinked as soon as it is made; workers inherit its descriptor."""
+    import tempfile
+
+    before = {f for f in os.listdir(tempfile.gettempdir()) if f.startswith("sbplab-activity-")}
+    with LocalCluster(2) as c:
+        check_dp_run(c)
+        fd = c._board.fd
+        assert os.readlink(f"/proc/self/fd/{fd}").endswith("(deleted)")
+        for pid in c.pids:  # each worker maps the same, already deleted, file
+            maps = open(f"/proc/{pid}/maps").read()
+            assert "sbplab-activity-" in maps and "(deleted)" in maps
+        after = {f for f in os.listdir(tempfile.gettempdir()) if f.startswith("sbplab-activity-")}
+        assert after == before
