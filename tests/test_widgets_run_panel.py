@@ -15,6 +15,7 @@ from sbplab.compiler.reference import torch_steps  # noqa: E402
 from sbplab.hardware import Hardware  # noqa: E402
 from sbplab.sim import simulate  # noqa: E402
 from sbplab.viz import timeline_bars  # noqa: E402
+from sbplab.viz.colors import axis_color, shade  # noqa: E402
 from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
 from sbplab.widgets.run_check import NumericCheck, check_against_torch  # noqa: E402
@@ -208,6 +209,9 @@ def test_workers_run_then_timeline_and_check(editor):
         bars = timeline_bars(p.result.trace)
         assert p.firings == len(bars) > 0 and p.timeline_svg.count('class="firing"') == len(bars)
         assert {b.rank for b in bars} == {0, 1} and "starting workers" in p.stage_ms
+        for b in bars:  # colours as in the plotly timeline: a collective's is its mesh axis's
+            if b.kind == "collective":
+                assert f'fill="{shade(axis_color(b.mesh_axis), b.micro_batch or 0)}"' in p.timeline_svg
         pids = p.cluster.pids
         editor.preset = "tp"  # another strategy on the same two workers
         assert p.stale

@@ -36,6 +36,11 @@ def axis_color(axis: int | None) -> str:
     return AXIS_COLORS[axis % len(AXIS_COLORS)]
 
 
+def firing_color(kind: str, mesh_axis: int | None) -> str:
+    """The colour of a firing in every timeline: a collective by its mesh axis, anything else by kind."""
+    return axis_color(mesh_axis) if kind == "collective" else KIND_COLORS.get(kind, KIND_COLORS["other"])
+
+
 def device_color(rank: int) -> str:
     """A stable colour per rank: the palette first, then golden-angle hues for large meshes."""
     if rank < 0:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .colors import KIND_COLORS, axis_color
+from .colors import firing_color
 from .timeline_bars import KINDS, Bar
 
 BAND = 0.76  # share of a lane's height its bars fill
@@ -39,7 +39,7 @@ class Series:
             f"collectives on mesh axis {a}"
 
     def color(self, b: Bar) -> str:
-        return axis_color(b.mesh_axis) if b.kind == "collective" else KIND_COLORS.get(b.kind, KIND_COLORS["other"])
+        return firing_color(b.kind, b.mesh_axis)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from html import escape
 from typing import Any
 
 from ..viz.charts import MEMORY_PARTS, comm_by_rank, memory_parts
-from ..viz.colors import KIND_COLORS, shade
+from ..viz.colors import KIND_COLORS, firing_color, shade
 from ..viz.graph_dot import fmt_bytes
 from ..viz.timeline import Bar
 
@@ -93,7 +93,8 @@ def _row(b: Bar) -> str:
 
 
 def timeline_svg(bars: Sequence[Bar], width: int = 900, title: str = "timeline") -> str:
-    """A row per rank and lane kind, a rect per firing (colour = kind, shade = micro-batch, overlapping
+    """A row per rank and lane kind, a rect per firing (colour = kind, a collective's = its mesh axis, as in
+    the plotly timeline; shade = micro-batch; overlapping
     firings drawn see-through on top of each other), on a microsecond axis."""
     shown = list(bars[:MAX_TIMELINE_BARS])
     rows = list(dict.fromkeys(_row(b) for b in sorted(shown, key=lambda b: (str(b.rank), b.rank,
@@ -113,7 +114,7 @@ def timeline_svg(bars: Sequence[Bar], width: int = 900, title: str = "timeline")
     for b in shown:
         x = left + (b.start_us - t0) / span * plot_w
         w = max(0.5, b.dur_us / span * plot_w)
-        color = shade(KIND_COLORS[b.kind], b.micro_batch or 0)
+        color = shade(firing_color(b.kind, b.mesh_axis), b.micro_batch or 0)
         op = b.args.get("op", b.name)
         tip = (f"{op} ({b.kind}) actor {b.args.get('actor', b.name)}, step {b.args.get('step', '-')}, "
                f"micro-batch {'-' if b.micro_batch is None else b.micro_batch}, "
