@@ -19,8 +19,8 @@ import time
 import sbplab as sl
 from sbplab.boxing import plan_boxing
 from sbplab.boxing.costs import edge_cost, state_ok
-from sbplab.boxing.planner import find_cross
-from sbplab.boxing.route import find_route, routes_from, routes_to, state_graph
+from sbplab.boxing.planner import _default_hardware, find_cross
+from sbplab.boxing.route import _has_kind, find_route, routes_from, routes_to, state_graph
 from sbplab.sbp import B, P, S
 
 MESH = sl.Placement("cpu", [[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
@@ -32,7 +32,8 @@ PAIRS = list(itertools.product(STATES, STATES))
 
 
 def clear() -> None:
-    for f in (edge_cost, state_ok, state_graph, find_route, routes_from, routes_to, find_cross):
+    for f in (edge_cost, state_ok, state_graph, find_route, routes_from, routes_to, find_cross, _has_kind,
+              _default_hardware):
         f.cache_clear()
 
 

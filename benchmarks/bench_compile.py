@@ -1,8 +1,9 @@
 """Compile time of a 24-layer GPT (width 1024) training step on a 2x4 mesh (DP x TP, Adam).
 
 Prints the op counts, the time of each compiler pass (trace, autodiff + optimizer, deduction,
-lowering, memory) and the memory: the per-device peak the compiled step needs, and the compiler
-process's peak resident memory. The model is built on the meta device: compiling needs shapes, not
+lowering, memory), wall-clock and this process's CPU time (on a shared machine the wall clock also
+counts other processes' turns; the load average is printed beside them), and the memory: the
+per-device peak the compiled step needs, and the compiler process's peak resident memory. The model is built on the meta device: compiling needs shapes, not
 weights, so no 1.2 GB of parameters are allocated. Goal: nn.Module to actor plan under 1 s and 300 MiB.
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
@@ -11,6 +12,7 @@ weights, so no 1.2 GB of parameters are allocated. Goal: nn.Module to actor plan
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 
@@ -39,28 +41,32 @@ def main() -> None:
         model = GPT(cfg)
     idx = torch.zeros(args.batch, args.seq, dtype=torch.int64)
     strategy = presets.dp_tp((dp, tp))
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # torch, sbplab, the meta model
 
     times: dict[str, float] = {}
-    t0 = time.perf_counter()
+    cpu: dict[str, float] = {}
+    clock = [time.perf_counter(), time.process_time()]
+
+    def done(name: str) -> None:
+        now = [time.perf_counter(), time.process_time()]
+        times[name], cpu[name] = now[0] - clock[0], now[1] - clock[1]
+        clock[:] = now
+
+    t0, c0 = clock
     graph = from_torch(model, (idx,), GPT.loss_fn, idx)
-    times["trace (torch.fx -> logical graph)"] = time.perf_counter() - t0
-    t = time.perf_counter()
+    done("trace (torch.fx -> logical graph)")
     add_backward(graph)
     Adam(lr=1e-4).build(graph)
-    times["autodiff + optimizer"] = time.perf_counter() - t
-    t = time.perf_counter()
+    done("autodiff + optimizer")
     d = deduce(graph, strategy)
-    times["SBP deduction"] = time.perf_counter() - t
-    t = time.perf_counter()
+    done("SBP deduction")
     phys = lower(d)
-    times["lowering (physical graph)"] = time.perf_counter() - t
-    t = time.perf_counter()
+    done("lowering (physical graph)")
     mem = memory_report(d, phys)
-    times["memory plan"] = time.perf_counter() - t
-    t = time.perf_counter()
+    done("memory plan")
     plan = lower_to_actors(phys, graph)
-    times["actor plan (registers, comm order)"] = time.perf_counter() - t
-    total = time.perf_counter() - t0
+    done("actor plan (registers, comm order)")
+    total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
     n = {ph: len(graph.ops_in(ph)) for ph in ("forward", "backward", "update")}
@@ -69,17 +75,19 @@ def main() -> None:
     print(f"logical ops: {len(graph.ops)} ({n['forward']} forward, {n['backward']} backward, {n['update']} update), "
           f"{len(graph.params)} params, {len(graph.tensors)} tensors")
     print(f"boxings: {len(d.boxings)}; physical op instances: {len(phys.nodes)}; collectives: {len(phys.collectives)}")
+    print(f"  {'pass':36s} {'wall':>8s}    {'cpu':>8s}     (load average {os.getloadavg()[0]:.2f})")
     for k, v in times.items():
-        print(f"  {k:36s} {v * 1e3:8.1f} ms")
+        print(f"  {k:36s} {v * 1e3:8.1f} ms {cpu[k] * 1e3:8.1f} ms")
     core = sum(v for k, v in times.items() if not k.startswith(("trace", "autodiff")))
-    print(f"  {'total':36s} {total * 1e3:8.1f} ms")
+    print(f"  {'total':36s} {total * 1e3:8.1f} ms {total_cpu * 1e3:8.1f} ms")
     print(f"deduce + lower + memory + actor plan: {core:.2f} s; nn.Module to actor plan {total:.2f} s "
           f"(goal < 1 s); {sum(len(rp.actors) for rp in plan.ranks.values())} actors")
     peak = max(m.peak for m in mem.ranks.values())
     print(f"per-device peak memory of the step: {peak / 2**30:.2f} GiB (params "
           f"{mem.ranks[0].params / 2**30:.2f}, optimizer state {mem.ranks[0].optimizer_state / 2**30:.2f}, "
           f"activations {mem.ranks[0].activations_peak / 2**30:.2f} GiB on rank 0)")
-    print(f"compiler process peak RSS (torch included): {rss / 2**20:.0f} MiB")
+    print(f"compiler process peak RSS (torch included): {rss / 2**20:.0f} MiB; before compiling (torch, sbplab "
+          f"and the meta-device model imported and built): {rss_before / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ executor, the op checker and the pictures all call them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import torch
 
@@ -94,6 +95,23 @@ def local_block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank:
     """The global index ranges rank ``rank`` holds (mesh axis 0 splits first)."""
     if type(nd_sbp) is not tuple or len(nd_sbp) != placement.ndim:  # text, lists, a wrong length: checked
         nd_sbp = as_nd_sbp(nd_sbp, placement.ndim, len(shape), what="local_block")
+    if type(shape) is tuple and all(type(n) is int for n in shape):
+        try:
+            return _cached_block(shape, placement, nd_sbp, rank)
+        except TypeError:  # something unhashable in the SBP: computed as before (and failing as before)
+            pass
+    return _block(shape, placement, nd_sbp, rank)
+
+
+@lru_cache(maxsize=8192)
+def _cached_block(shape: tuple[int, ...], placement: Placement, nd_sbp: NdSbp, rank: int) -> Block:
+    """``_block`` for plain int shapes: a compile asks for the same few thousand blocks tens of
+    thousands of times (every layer, every rank, every pass). Other shapes (numpy ints, sizes) are
+    computed each time, so a block always holds the kind of numbers its shape did."""
+    return _block(shape, placement, nd_sbp, rank)
+
+
+def _block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> Block:
     coords = placement.coords(rank)
     block = [(0, n) for n in shape]
     for axis, x in enumerate(nd_sbp):

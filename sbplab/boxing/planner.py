@@ -103,6 +103,13 @@ def _validate(shape, sbp: SbpLike, placement: Placement, what: str, dtype: torch
     return nd
 
 
+@lru_cache(maxsize=4)
+def _default_hardware(device_type: str) -> Hardware:
+    """``Hardware.cpu_box()`` for cpu placements, ``Hardware.h100_node()`` otherwise (made once: equal
+    presets are equal keys, and most plans in a compile ask for the default)."""
+    return Hardware.cpu_box() if device_type == "cpu" else Hardware.h100_node()
+
+
 def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placement: Placement,
                 dst_placement: Placement | None = None, dtype: torch.dtype = torch.float32,
                 hardware: Hardware | None = None) -> BoxingPlan:
@@ -126,7 +133,7 @@ def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placem
     if not isinstance(dtype, torch.dtype):
         raise InputTypeError(f"plan_boxing: dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
     if hardware is None:
-        hardware = Hardware.cpu_box() if placement.device_type == "cpu" else Hardware.h100_node()
+        hardware = _default_hardware(placement.device_type)
     elif not isinstance(hardware, Hardware):
         raise InputTypeError(f"plan_boxing: hardware must be an sl.Hardware or None, got {type(hardware).__name__}")
     src = _validate(shape, src_sbp, placement, "plan_boxing: src_sbp", dtype)

@@ -2,8 +2,8 @@
 
 Attention keeps separate q, k, v projections so that a column split of each splits whole heads
 (Megatron), and writes the causal mask as an added constant (-1e9 above the diagonal),
-which is softmax-equivalent to masked_fill with -inf. Mask and positions are made in ``forward``
-from constants (no buffers), so the model can be built on the meta device and still traced.
+which is softmax-equivalent to masked_fill with -inf. Mask and positions are made in ``forward`` from
+constants (no buffers; the mask once, shared by every layer), so a meta-device model still traces.
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ class CausalSelfAttention(nn.Module):
         self.v = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.size()
         hs = C // self.n_head
         q = self.q(x).view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k(x).view(B, T, self.n_head, hs).transpose(1, 2)
         v = self.v(x).view(B, T, self.n_head, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-        mask = torch.full((T, T), -1e9, device=x.device).triu(1)  # 0 on and below the diagonal
+        mask = causal_mask(T, x.device) if mask is None else mask  # 0 on and below the diagonal
         att = F.softmax(att + mask, dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
@@ -74,8 +74,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -93,10 +93,10 @@ class GPT(nn.Module):
         B, T = idx.size()
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)  # a constant: folded when traced
+        pos, mask = torch.arange(T, device=idx.device), causal_mask(T, idx.device)  # constants
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)  # one (T, T) mask for every layer, not one per layer
         return self.lm_head(self.ln_f(x))
 
     def example_batch(self, batch: int = 4, seq: int | None = None, seed: int = 0):
@@ -109,3 +109,8 @@ class GPT(nn.Module):
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Next-token cross entropy over every position: (B, T, V) logits, (B, T) targets."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(T, T): 0 on and below the diagonal, -1e9 above it (added to attention scores before softmax)."""
+    return torch.full((T, T), -1e9, device=device).triu(1)

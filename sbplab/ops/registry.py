@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -192,20 +192,83 @@ def local_context(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict, sig: N
 def _nd_valid(op: OpDef, in_metas: tuple[TensorMeta, ...], attrs: dict, sig: NdSignature,
               placement: Placement) -> bool:
     """Every rank's local input shapes infer exactly the local output shapes the SBPs promise."""
-    for rank in placement.rank_list:
-        ctx = local_context(op, in_metas, attrs, sig, placement, rank)
-        if ctx is None:
+    out_metas = tuple(op.infer(in_metas, attrs))
+    rows = ((_blocks_fit(in_metas, sig.inputs, placement, r), _blocks_fit(out_metas, sig.outputs, placement, r))
+            for r in placement.rank_list)
+    return _valid_on_ranks(op, in_metas, out_metas, attrs, sig, _distinct(rows))
+
+
+def _distinct(rows: Iterable[tuple]) -> Iterator[tuple]:
+    seen: set = set()
+    for row in rows:
+        if row not in seen:
+            seen.add(row)
+            yield row
+
+
+def _valid_on_ranks(op: OpDef, in_metas: tuple[TensorMeta, ...], out_metas: tuple[TensorMeta, ...], attrs: dict,
+                    sig: NdSignature, rows: Iterable[tuple[tuple[Block, ...] | None, tuple[Block, ...] | None]]) -> bool:
+    """``_nd_valid`` given the (input blocks, output blocks) of each rank in rank order (None: an
+    empty shard), leaving out ranks that hold the same blocks as an earlier one: those get the same
+    local attributes and shapes, so each distinct pair of blocks is checked once."""
+    for ib, ob in rows:
+        if ib is None or ob is None:
             return False
-        local_in = [TensorMeta(tuple(e - s for s, e in blk), m.dtype)
-                    for blk, m in zip(ctx.in_blocks, in_metas)]
+        local_in = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ib, in_metas)]
         try:
-            got = op.infer(local_in, op.localize(dict(attrs), ctx))
+            if op.localize is _no_localize:  # it would return the attrs as they are, ignoring ctx
+                got = op.infer(local_in, dict(attrs))
+            else:
+                got = op.infer(local_in, op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig)))
         except (ValueError, RuntimeError, IndexError):
             return False
-        want = [tuple(e - s for s, e in blk) for blk in ctx.out_blocks]
+        want = [tuple(e - s for s, e in blk) for blk in ob]
         if [tuple(g.shape) for g in got] != want:
             return False
     return True
+
+
+@lru_cache(maxsize=64)
+def _canonical(mesh_shape: tuple[int, ...]) -> Placement:
+    """Ranks 0..n-1 in row-major order on a mesh of this shape (validity depends only on the shape)."""
+    return Placement("cpu", list(range(numel(mesh_shape))) if len(mesh_shape) == 1 else
+                     torch.arange(numel(mesh_shape)).reshape(mesh_shape).tolist())
+
+
+@lru_cache(maxsize=16384)
+def _rank_blocks(shape: tuple[int, ...], nd: NdSbp, mesh_shape: tuple[int, ...]
+                 ) -> tuple[tuple[Block | None, ...], tuple[int, ...]]:
+    """Per rank of the canonical mesh: the block ``local_block`` gives, or None where it is empty (as
+    ``_blocks_fit`` rejects it); and the first rank holding an equal block. Every op with a tensor
+    of this shape asks again, so it is kept."""
+    pl = _canonical(mesh_shape)
+    empty_ok = numel(shape) == 0
+    blocks: list[Block | None] = []
+    first: list[int] = []
+    for r in pl.rank_list:
+        blk = local_block(shape, pl, nd, r)
+        blk = None if not empty_ok and any(e - s <= 0 for s, e in blk) else blk
+        first.append(blocks.index(blk) if blk in blocks else len(blocks))
+        blocks.append(blk)
+    return tuple(blocks), tuple(first)
+
+
+def _canonical_rows(in_metas: Sequence[TensorMeta], out_metas: Sequence[TensorMeta], sig: NdSignature,
+                    mesh_shape: tuple[int, ...]) -> Iterator[tuple]:
+    """(input blocks, output blocks) per rank of the canonical mesh as ``_blocks_fit`` gives them, in
+    rank order, leaving out ranks whose every block equals an earlier rank's."""
+    ins = [_rank_blocks(m.shape, nd, mesh_shape) for m, nd in zip(in_metas, sig.inputs)]
+    outs = [_rank_blocks(m.shape, nd, mesh_shape) for m, nd in zip(out_metas, sig.outputs)]
+    both = ins + outs
+    seen: set[tuple[int, ...]] = set()
+    for k in range(numel(mesh_shape)):
+        same_as = tuple(t[1][k] for t in both)
+        if same_as in seen:
+            continue
+        seen.add(same_as)
+        ib = tuple(t[0][k] for t in ins)
+        ob = tuple(t[0][k] for t in outs)
+        yield (None if None in ib else ib, None if None in ob else ob)
 
 
 @lru_cache(maxsize=4096)
@@ -213,16 +276,17 @@ def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: t
                           mesh_shape: tuple[int, ...]) -> tuple[NdSignature, ...]:
     op = get_op(name)
     attrs = dict(frozen)
-    placement = Placement("cpu", list(range(numel(mesh_shape))) if len(mesh_shape) == 1 else
-                          torch.arange(numel(mesh_shape)).reshape(mesh_shape).tolist())
     ones = one_d_signatures(op, in_metas, attrs)
     out: list[NdSignature] = []
+    out_metas: tuple[TensorMeta, ...] | None = None
     for combo in itertools.product(ones, repeat=len(mesh_shape)):
         sig = NdSignature(
             tuple(tuple(c.inputs[i] for c in combo) for i in range(len(in_metas))),
             tuple(tuple(c.outputs[j] for c in combo) for j in range(len(combo[0].outputs))),
         )
-        if _nd_valid(op, in_metas, attrs, sig, placement):
+        if out_metas is None:  # what local_context infers for every rank of every signature
+            out_metas = tuple(op.infer(in_metas, attrs))
+        if _valid_on_ranks(op, in_metas, out_metas, attrs, sig, _canonical_rows(in_metas, out_metas, sig, mesh_shape)):
             out.append(sig)
     return tuple(out)
 

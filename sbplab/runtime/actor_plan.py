@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..gc_pause import gc_paused
 from .specs import Actor, Collective, PlanError, Recv, Send, describe
 
 _MATCH_FIELDS = ("kind_", "group", "reduce_op", "dim", "cat_dim", "sizes", "cat_sizes", "src", "scope")
@@ -68,21 +69,21 @@ class RankPlan:
             if a.name in self.by_name:
                 raise PlanError(f"rank {self.rank}: two actors are named {a.name!r}")
             self.by_name[a.name] = a
+        by_name = self.by_name
         for a in self.actors:
-            refs = list(a.inputs) + ([a.update] if getattr(a, "update", None) is not None else [])
-            for ref in refs:
-                p = self.by_name.get(ref.actor)
+            upd = getattr(a, "update", None)
+            for ref in a.inputs if upd is None else (*a.inputs, upd):
+                p = by_name.get(ref.actor)
                 if p is None:
                     raise PlanError(f"rank {self.rank}: actor {a.name!r} reads {ref.actor!r}, which no actor "
                                     f"on this rank is named; actors here: {sorted(self.by_name)}")
                 if ref.index >= p.num_outputs:
                     raise PlanError(f"rank {self.rank}: actor {a.name!r} reads output {ref.index} of "
                                     f"{p.name!r}, which has {p.num_outputs} outputs")
-                if p.out_scope == "micro" and a.scope == "step":
+                if a.scope == "step" and p.out_scope == "micro":
                     raise PlanError(f"rank {self.rank}: step actor {a.name!r} reads micro-batch register "
                                     f"{ref!r}; put an Accumulate between them")
-            upd = getattr(a, "update", None)
-            if upd is not None and self.by_name[upd.actor].out_scope != "step":
+            if upd is not None and by_name[upd.actor].out_scope != "step":
                 raise PlanError(f"rank {self.rank}: state {a.name!r} is updated by {upd!r}, which is "
                                 f"produced per micro-batch; updates must be step-scope")
 
@@ -133,17 +134,18 @@ class ActorPlan:
         for r in range(self.world_size):
             ranks.setdefault(r, RankPlan(r, []))
         self.ranks = dict(sorted(ranks.items()))
-        self._check_matching()
-        if self.comm_order is None:
-            from .schedule import derive_comm_order
+        with gc_paused():  # the simulations below make many short-lived objects and no cycles
+            self._check_matching()
+            if self.comm_order is None:
+                from .schedule import derive_comm_order
 
-            self.comm_order = derive_comm_order(self)
-        else:
-            from .schedule import check_comm_order
+                self.comm_order = derive_comm_order(self)
+            else:
+                from .schedule import check_comm_order
 
-            self.comm_order = tuple(self.comm_order)
-            self._check_order()
-            check_comm_order(self)
+                self.comm_order = tuple(self.comm_order)
+                self._check_order()
+                check_comm_order(self)
 
     # --- cross-rank checks ----------------------------------------------------------------------
     def _check_matching(self) -> None:
@@ -247,4 +249,5 @@ class ActorPlan:
 
     @staticmethod
     def build(world_size: int, actors: Mapping[int, Sequence[Actor]], **kw) -> ActorPlan:
-        return ActorPlan(world_size, {r: RankPlan(r, list(a)) for r, a in actors.items()}, **kw)
+        with gc_paused():
+            return ActorPlan(world_size, {r: RankPlan(r, list(a)) for r, a in actors.items()}, **kw)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .specs import Accumulate, Actor, State
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class Node:
     """Counters of one actor during a run."""
 
@@ -35,7 +35,7 @@ class Node:
     needed_acks: int = 0  # acks that release one output
     started: int = 0
     done_upto: int = 0  # firings finished, contiguous
-    done_extra: set[int] = field(default_factory=set)
+    done_extra: set[int] | frozenset[int] = frozenset()  # finished out of order; a set once there is one
     produced: int = 0
     released: int = 0
     acks: dict[int, int] = field(default_factory=dict)  # output number -> acks so far
@@ -56,35 +56,45 @@ class FiringGraph:
 
     def __init__(self, actors: list[Actor], micro: int, steps: int) -> None:
         self.micro, self.steps = micro, steps
-        self.names = {a.name: i for i, a in enumerate(actors)}
+        self.names = names = {a.name: i for i, a in enumerate(actors)}
         self.nodes: list[Node] = []
+        nodes = self.nodes
+        out_scopes = [a.out_scope for a in actors]  # a property: read once per actor, not per reader
         for i, a in enumerate(actors):
-            total = steps * micro if a.scope == "micro" else steps
-            n_out = steps if a.out_scope == "step" else total
-            if isinstance(a, State) and a.update is not None:
+            scope = a.scope
+            total = steps * micro if scope == "micro" else steps
+            n_out = steps if out_scopes[i] == "step" else total
+            state = isinstance(a, State)
+            if state and a.update is not None:
                 total = steps + 1  # the last firing absorbs the final update
-            self.nodes.append(Node(a, i, total, n_out if a.num_outputs else 0))
-        for node in self.nodes:
-            a = node.actor
-            refs = list(a.inputs)
-            for ref in refs:
-                p = self.nodes[self.names[ref.actor]]
-                mode = "same" if p.actor.out_scope == a.scope else "per_step"
-                node.inputs.append((p.index, ref.index, mode))
-            if isinstance(a, State) and a.update is not None:
-                p = self.nodes[self.names[a.update.actor]]
-                node.inputs.append((p.index, a.update.index, "lag"))
-        for node in self.nodes:
-            for p, _, mode in node.inputs:
-                prod = self.nodes[p]
-                prod.consumers.append(node.index)
-                prod.needed_acks += micro if mode == "per_step" else 1
-                node.deps.append((prod, MODES[mode]))
-            a = node.actor
-            node.regs = a.registers
+            node = Node(a, i, total, n_out if a.num_outputs else 0, regs=a.registers)
             node.reg = REG_NONE if node.n_out == 0 else REG_STEP if isinstance(a, Accumulate) else \
-                REG_STATE if isinstance(a, State) else REG_FIRING
-        self.unfinished = sum(1 for n in self.nodes if n.done_upto < n.total)  # kept by ``finish``
+                REG_STATE if state else REG_FIRING
+            nodes.append(node)
+        for node in nodes:
+            a = node.actor
+            scope = a.scope
+            inputs, deps = node.inputs, node.deps
+            for ref in a.inputs:
+                p = names[ref.actor]
+                prod = nodes[p]
+                if out_scopes[p] == scope:
+                    inputs.append((p, ref.index, "same"))
+                    deps.append((prod, SAME))
+                    prod.needed_acks += 1
+                else:
+                    inputs.append((p, ref.index, "per_step"))
+                    deps.append((prod, PER_STEP))
+                    prod.needed_acks += micro
+                prod.consumers.append(node.index)
+            if isinstance(a, State) and a.update is not None:
+                p = names[a.update.actor]
+                prod = nodes[p]
+                inputs.append((p, a.update.index, "lag"))
+                deps.append((prod, LAG))
+                prod.needed_acks += 1
+                prod.consumers.append(node.index)
+        self.unfinished = sum(1 for n in nodes if n.done_upto < n.total)  # kept by ``finish``
 
     # --- what firing k reads and writes ----------------------------------------------------------
     def out_number(self, node: Node, k: int) -> int | None:
@@ -159,16 +169,29 @@ class FiringGraph:
     def finish(self, i: int, k: int) -> list[int]:
         """Record that firing k of actor i finished; returns the actors whose state changed."""
         node = self.nodes[i]
-        node.done_extra.add(k)
         touched: list[int] = [i]
         micro = self.micro
-        while node.done_upto in node.done_extra:
+        extra = node.done_extra
+        if k != node.done_upto or extra:  # out of order: held until the firings before it finish
+            if not isinstance(extra, set):
+                extra = node.done_extra = set()
+            extra.add(k)
+        while node.done_upto == k or node.done_upto in extra:
             kk = node.done_upto
-            node.done_extra.discard(kk)
+            if extra:
+                extra.discard(kk)  # type: ignore[union-attr]
             node.done_upto += 1
             if node.done_upto == node.total:
                 self.unfinished -= 1
-            o = self.out_number(node, kk)
+            reg = node.reg  # ``out_number``, inlined
+            if reg == REG_FIRING:
+                o: int | None = kk
+            elif reg == REG_NONE:
+                o = None
+            elif reg == REG_STEP:
+                o = kk // micro if kk % micro == micro - 1 else None
+            else:
+                o = kk if kk < self.steps else None
             if o is not None:
                 node.produced = o + 1
                 if node.needed_acks == 0:

@@ -14,7 +14,6 @@ deadlock, and the error lists what each rank's blocked actors wait for.
 from __future__ import annotations
 
 import heapq
-import itertools
 from typing import TYPE_CHECKING
 
 from .firing import FiringGraph
@@ -24,13 +23,13 @@ if TYPE_CHECKING:
     from .actor_plan import ActorPlan, CommSlot
 
 
-def _priority(g: FiringGraph, i: int) -> tuple:
-    node = g.nodes[i]
-    k = node.started
-    return (g.micro_of(node, k), getattr(node.actor, "order", 0), i)
-
-
 def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
+    """Simulate every rank tick by tick and return the order communication was issued in.
+
+    Ties go by priority (micro-batch of the firing, the actor's ``order``, its index on its rank):
+    each rank's compute lane fires its lowest ready priority, and communication that became complete
+    in the same tick is issued lowest priority (then match key) first.
+    """
     from .actor_plan import CommSlot, channel_of, match_key
 
     micro = plan.micro_batches
@@ -40,62 +39,84 @@ def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
         for a in rp.comm_actors:
             ch = channel_of(r, a)
             members[ch] = a.group if ch[0] == "group" else ch[1:]  # type: ignore[attr-defined]
+    # per rank and actor, what the loop asks again and again: lane, scope, order, and for communication
+    # its match key without the micro-batch and how many members its channel has
+    comm: dict[int, list[bool]] = {}
+    per_micro: dict[int, list[bool]] = {}
+    order_of: dict[int, list[int]] = {}
+    key_head: dict[int, list[tuple | None]] = {}
+    size: dict[int, list[int]] = {}
+    for r, g in graphs.items():
+        acts = [n.actor for n in g.nodes]
+        comm[r] = [a.lane == "comm" for a in acts]
+        per_micro[r] = [a.scope == "micro" for a in acts]
+        order_of[r] = [getattr(a, "order", 0) for a in acts]
+        key_head[r] = [match_key(r, a, 0)[:-1] if c else None for a, c in zip(acts, comm[r])]
+        size[r] = [len(members[channel_of(r, a)]) if c else 0 for a, c in zip(acts, comm[r])]
     waiting: dict[tuple, dict[int, tuple[int, int]]] = {}  # match key -> {rank: (node, k)} ready there
     busy_until = {r: 0 for r in graphs}
-    events: list[tuple[int, int, int, int, int]] = []  # (time, tiebreak, rank, node, k)
-    tie = itertools.count()
+    events: list[tuple[int, int, int]] = []  # (rank, node, k) finishing at the next tick, in issue order
     order: list[CommSlot] = []
     # Only actors whose counters changed can change their answer to ``can_fire`` (the rule is
     # monotone), so each tick re-checks those alone: linear in firings, not firings x actors.
     dirty = {r: set(range(len(g.nodes))) for r, g in graphs.items()}
     ready: dict[int, list[tuple]] = {r: [] for r in graphs}  # heap of (priority, actor): compute that can fire
-    queued: dict[int, set[int]] = {r: set() for r in graphs}  # actors in ``ready``
-    posted: set[tuple[int, int, int]] = set()  # (rank, node, firing) already waiting for its peers
+    queued = {r: [False] * len(g.nodes) for r, g in graphs.items()}  # actors in ``ready``
+    posted = {r: [-1] * len(g.nodes) for r, g in graphs.items()}  # firing waiting for its peers, or -1
     t = 0
-    while not all(g.finished() for g in graphs.values()):
+    while any(g.unfinished for g in graphs.values()):
         complete: list[tuple] = []
         for r, g in graphs.items():
-            for i in sorted(dirty[r]):
-                n = g.nodes[i]
-                if n.actor.lane != "comm":
-                    if i not in queued[r] and g.can_fire(i):  # its priority holds until it starts
-                        queued[r].add(i)
-                        heapq.heappush(ready[r], (_priority(g, i), i))
+            d = dirty[r]
+            if not d:
+                continue
+            nodes, can_fire, is_comm, q, post = g.nodes, g.can_fire, comm[r], queued[r], posted[r]
+            for i in sorted(d):
+                n = nodes[i]
+                k = n.started
+                if k >= n.total:  # finished: ``can_fire`` says no
                     continue
-                if (r, i, n.started) in posted or not g.can_fire(i):
+                if not is_comm[i]:
+                    if not q[i] and can_fire(i):  # its priority holds until it starts
+                        q[i] = True
+                        heapq.heappush(ready[r], ((k % micro if per_micro[r][i] else -1, order_of[r][i], i), i))
                     continue
-                posted.add((r, i, n.started))
-                m = g.micro_of(n, n.started) if n.actor.scope == "micro" else -1
-                key = match_key(r, n.actor, m)
+                if post[i] == k or not can_fire(i):
+                    continue
+                post[i] = k
+                m = k % micro if per_micro[r][i] else -1
+                key = key_head[r][i] + (m,)  # type: ignore[operator]
                 parts = waiting.setdefault(key, {})
-                parts[r] = (i, n.started)
-                if len(parts) == len(members[channel_of(r, n.actor)]):
-                    complete.append((_priority(g, i), key))
-            dirty[r].clear()
+                parts[r] = (i, k)
+                if len(parts) == size[r][i]:
+                    complete.append(((m, order_of[r][i], i), key))
+            d.clear()
         for _, key in sorted(complete):  # every member issues it now, so channels stay in step
             for r, (i, k) in sorted(waiting.pop(key).items()):
                 g = graphs[r]
                 g.start(i)
                 dirty[r].add(i)
-                posted.discard((r, i, k))
-                a = g.nodes[i].actor
-                if g.step_of(g.nodes[i], k) == 0:
-                    order.append(CommSlot(r, a.name, g.micro_of(g.nodes[i], k) if a.scope == "micro" else -1))
-                heapq.heappush(events, (t + 1, next(tie), r, i, k))
+                posted[r][i] = -1
+                if per_micro[r][i]:
+                    if k // micro == 0:
+                        order.append(CommSlot(r, g.nodes[i].actor.name, k % micro))
+                elif k == 0:
+                    order.append(CommSlot(r, g.nodes[i].actor.name, -1))
+                events.append((r, i, k))
         for r, g in graphs.items():
             if busy_until[r] <= t and ready[r]:
                 i = heapq.heappop(ready[r])[1]
-                queued[r].discard(i)
+                queued[r][i] = False
                 k = g.start(i)
                 dirty[r].add(i)
                 busy_until[r] = t + 1
-                heapq.heappush(events, (t + 1, next(tie), r, i, k))
+                events.append((r, i, k))
         if not events:
             raise PlanError(_deadlock_report(plan, graphs, waiting))
-        t = events[0][0]
-        while events and events[0][0] == t:
-            _, _, r, i, k = heapq.heappop(events)
+        t += 1  # every firing takes one tick: all of them finish now
+        for r, i, k in events:
             dirty[r].update(graphs[r].finish(i, k))
+        events.clear()
     return tuple(order)
 
 

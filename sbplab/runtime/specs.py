@@ -30,7 +30,7 @@ import torch
 from ..boxing.kinds import collective_names, kind_of
 from ..errors import SbplabError
 from ..placement import Placement
-from ..sbp import NdSbp, as_nd_sbp, fmt_sbp
+from ..sbp import Broadcast, NdSbp, Partial, Split, as_nd_sbp, fmt_sbp
 
 PHASES = ("forward", "backward", "update")
 SCOPES = ("micro", "step")
@@ -60,7 +60,28 @@ class Ref:
 
 
 def _refs(xs: Sequence[Ref | str]) -> tuple[Ref, ...]:
+    if type(xs) is tuple:  # lowering hands over tuples of Refs: keep them (a tuple is immutable)
+        for x in xs:
+            if type(x) is not Ref:
+                break
+        else:
+            return xs  # type: ignore[return-value]
     return tuple(x if isinstance(x, Ref) else Ref(x) for x in xs)
+
+
+_SBP_TYPES = (Split, Broadcast, Partial)
+
+
+def _nd_sbp(sbp: Any, ndim: int) -> NdSbp:
+    """``as_nd_sbp(sbp, ndim)``; a tuple of ``ndim`` SBPs (what lowering passes) is returned as is,
+    exactly what ``as_nd_sbp`` returns for it, without its general parsing."""
+    if type(sbp) is tuple and len(sbp) == ndim:
+        for x in sbp:
+            if not isinstance(x, _SBP_TYPES):
+                break
+        else:
+            return sbp
+    return as_nd_sbp(sbp, ndim)
 
 
 @dataclass
@@ -278,7 +299,7 @@ class Source(Actor):
             raise PlanError(f"source {self.name!r} has no input registers")
         if not self.feed or self.placement is None:
             raise PlanError(f"source {self.name!r} needs a feed name and a placement")
-        self.sbp = as_nd_sbp(self.sbp, self.placement.ndim)
+        self.sbp = _nd_sbp(self.sbp, self.placement.ndim)
 
 
 @dataclass
@@ -303,7 +324,7 @@ class Sink(Actor):
             raise PlanError(f"sink {self.name!r} needs a key and a placement")
         if self.micro_reduce not in MICRO_REDUCE:
             raise PlanError(f"sink {self.name!r}: micro_reduce must be one of {MICRO_REDUCE}")
-        self.sbp = as_nd_sbp(self.sbp, self.placement.ndim)
+        self.sbp = _nd_sbp(self.sbp, self.placement.ndim)
 
     @property
     def num_outputs(self) -> int:
@@ -356,7 +377,7 @@ class State(Actor):
         if not isinstance(self.init, (torch.Tensor, Zeros)):
             raise PlanError(f"state {self.name!r} needs its initial local tensor (init=)")
         if self.placement is not None:
-            self.sbp = as_nd_sbp(self.sbp, self.placement.ndim)
+            self.sbp = _nd_sbp(self.sbp, self.placement.ndim)
 
 
 @dataclass

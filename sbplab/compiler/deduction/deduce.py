@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from ...boxing import BoxingPlan, plan_boxing
 from ...fmt import fmt_time
+from ...gc_pause import without_gc
 from ...hardware import Hardware
 from ...layout import LayoutError, check_layout
 from ...ops.choose import BoxingCost, RankedSignature
@@ -272,6 +273,7 @@ def choose(d: Deduction, op: OpNode) -> None:
             d.sbp[o] = w
 
 
+@without_gc
 def deduce(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Deduction:
     """Place every op and give every tensor an SBP; see the module docstring for the rules."""
     graph.validate()

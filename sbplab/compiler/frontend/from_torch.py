@@ -19,6 +19,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ...errors import SbplabError
+from ...gc_pause import without_gc
 from ..ir import Graph, GraphError
 from .fx_trace import ShapeTracer, source_of
 
@@ -57,6 +58,7 @@ class Converter:
         self.graph, self.root, self.prefix = graph, root, prefix
         self.problems: list[tuple[str, str, str]] = []
         self.params: dict[int, str] = {}  # id(Parameter) -> graph name (tied weights share one)
+        self.copies: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # id -> (tensor, version, copy)
         self.node: fx.Node | None = None
         self.module = ""
 
@@ -76,9 +78,19 @@ class Converter:
             v = torch.tensor(float(v))
         if isinstance(v, torch.Tensor):
             name = self.graph.fresh_name("const")
-            self.graph.add_tensor(name, tuple(v.shape), "const", v.dtype, value=v.detach().clone(), module=self.module)
+            self.graph.add_tensor(name, tuple(v.shape), "const", v.dtype, value=self.copy(v), module=self.module)
             return TRef(name)
         raise UnsupportedError(f"expected a tensor, got {type(v).__name__} {v!r}")
+
+    def copy(self, v: torch.Tensor) -> torch.Tensor:
+        """A detached copy of a constant; one tensor read by many ops (a causal mask every layer
+        adds) is copied once while it is unchanged, and its consts share that copy."""
+        got = self.copies.get(id(v))
+        if got is not None and got[0] is v and got[1] == v._version:
+            return got[2]
+        c = v.detach().clone()
+        self.copies[id(v)] = (v, v._version, c)
+        return c
 
     def shape(self, v: Any) -> tuple[int, ...]:
         if isinstance(v, TRef):
@@ -195,6 +207,7 @@ def _input_names(module: nn.Module, n: int) -> tuple[list[str], dict[str, Any]]:
     return [p.name for p in params[:n]], {p.name: p.default for p in params[n:]}
 
 
+@without_gc
 def from_torch(module: nn.Module, example_inputs: Any, loss_fn: Callable | None = None,
                target: torch.Tensor | None = None) -> Graph:
     """Trace ``module`` on ``example_inputs`` (a tensor or a tuple) into a logical graph.

@@ -10,6 +10,7 @@ becomes ``send`` nodes on the sources and ``recv`` nodes on the destinations).
 from __future__ import annotations
 
 from ...boxing.step import BoxingStep
+from ...gc_pause import without_gc
 from ...layout import local_block, local_shape
 from ...ops.registry import get_op, local_context
 from ...sbp import NdSbp
@@ -25,8 +26,24 @@ class _Lowerer:
         self.colls: list[PhysCollective] = []
         self.stored: dict[tuple[str, int], PhysRef] = {}
         self.boxed: dict[tuple[int, int], PhysRef] = {}
-        self._local: dict[tuple, tuple] = {}  # per-rank view of an op, shared by identical layers
+        self._local: dict[tuple, dict[int, tuple]] = {}  # op's question -> rank -> its view; identical layers share
         self._shapes: dict[tuple, tuple[int, ...]] = {}
+        self._blocks: dict[tuple, tuple] = {}  # (shape, placement, sbp, rank) -> local block
+        self._groups: dict[tuple, tuple[int, ...]] = {}  # (placement, rank, axis) -> its group
+
+    def block(self, shape, pl, sbp, r) -> tuple:
+        key = (shape, pl, sbp, r)
+        v = self._blocks.get(key)
+        if v is None:
+            v = self._blocks[key] = local_block(shape, pl, sbp, r)
+        return v
+
+    def group(self, pl, r, axis) -> tuple[int, ...]:
+        key = (pl, r, axis)
+        v = self._groups.get(key)
+        if v is None:
+            v = self._groups[key] = pl.group_of(r, axis)
+        return v
 
     def lshape(self, shape, pl, sbp, r) -> tuple[int, ...]:
         key = (shape, pl, sbp, r)
@@ -35,20 +52,29 @@ class _Lowerer:
             v = self._shapes[key] = local_shape(shape, pl, sbp, r)
         return v
 
+    def local_views(self, op, metas, sig) -> dict[int, tuple]:
+        """Rank -> (local attrs, input shapes, output shapes, output dtypes) of ``op``, filled by
+        ``local_view``; one dict per distinct (op type, shapes, attrs, signature, placement)."""
+        key = (op.type, tuple(metas), tuple(sorted(op.attrs.items())), sig, op.placement)
+        views = self._local.get(key)
+        if views is None:
+            views = self._local[key] = {}
+        return views
+
     def local_view(self, op, opdef, metas, sig, r) -> tuple:
         """(local attrs, input shapes, output shapes, output dtypes) of ``op`` on rank ``r``."""
-        key = (op.type, tuple(metas), tuple(sorted(op.attrs.items())), sig, op.placement, r)
-        v = self._local.get(key)
-        if v is None:
-            ctx = local_context(opdef, metas, op.attrs, sig, op.placement, r)
-            if ctx is None:
-                raise GraphError(f"op {op.name!r}: signature {sig} leaves rank {r} an empty shard")
-            v = self._local[key] = (opdef.localize(dict(op.attrs), ctx), tuple(_shape(b) for b in ctx.in_blocks),
-                                    tuple(_shape(b) for b in ctx.out_blocks), tuple(m.dtype for m in ctx.out_metas))
-        return v
+        ctx = local_context(opdef, metas, op.attrs, sig, op.placement, r)
+        if ctx is None:
+            raise GraphError(f"op {op.name!r}: signature {sig} leaves rank {r} an empty shard")
+        return (opdef.localize(dict(op.attrs), ctx), tuple(_shape(b) for b in ctx.in_blocks),
+                tuple(_shape(b) for b in ctx.out_blocks), tuple(m.dtype for m in ctx.out_metas))
 
     def _when(self, inputs, phase: str) -> str:
-        whens = {"after" if self.nodes[r.node].accumulate else self.nodes[r.node].when for r in inputs}
+        nodes = self.nodes
+        whens = set()
+        for ref in inputs:
+            n = nodes[ref.node]
+            whens.add("after" if n.accumulate else n.when)
         if "after" in whens:
             return "after"
         if "each" in whens:
@@ -77,9 +103,10 @@ class _Lowerer:
             stage = self._stage_of_source(name)
             out[name] = {}
             for r in pl.rank_list:
+                block = self.block(t.shape, pl, sbp, r)
                 n = self.add(rank=r, kind="source", op=t.role, logical=name,
-                             attrs={"block": local_block(t.shape, pl, sbp, r), "sbp": sbp}, inputs=(), in_shapes=(),
-                             out_shapes=(local_shape(t.shape, pl, sbp, r),), out_dtypes=(t.meta.dtype,),
+                             attrs={"block": block, "sbp": sbp}, inputs=(), in_shapes=(),
+                             out_shapes=(tuple(e - s for s, e in block),), out_dtypes=(t.meta.dtype,),
                              out_sbps=(sbp,), phase="forward", stage=stage,
                              when="each" if t.role == "input" else "before")
                 out[name][r] = n.id
@@ -115,7 +142,7 @@ class _Lowerer:
         for r in pl.rank_list:
             made[r] = self.add(
                 rank=r, kind="boxing", op=step.kind, logical=b.tensor,
-                attrs={"mesh_axis": axis, "group": pl.group_of(r, axis), "src_sbp": step.src_sbp,
+                attrs={"mesh_axis": axis, "group": self.group(pl, r, axis), "src_sbp": step.src_sbp,
                        "dst_sbp": step.dst_sbp, "reduce_op": step.reduce_op, "plan_step": step},
                 inputs=(cur[r],), in_shapes=(self.lshape(shape, pl, step.src_sbp, r),),
                 out_shapes=(self.lshape(shape, pl, step.dst_sbp, r),), out_dtypes=(dtype,), out_sbps=(step.dst_sbp,),
@@ -174,14 +201,18 @@ class _Lowerer:
             opdef = get_op(op.type)
             metas = [g.tensors[i].meta for i in op.inputs]
             sig = choice.signature
+            views = self.local_views(op, metas, sig)
+            reads = list(zip(op.inputs, choice.reads))
+            out_sbps, acc = tuple(sig.outputs), op.type == "acc"
             for r in op.placement.rank_list:
-                attrs, in_shapes, out_shapes, dtypes = self.local_view(op, opdef, metas, sig, r)
-                inputs = tuple(self.boxed[(bid, r)] if bid is not None else self.stored[(t, r)]
-                               for t, bid in zip(op.inputs, choice.reads))
-                n = self.add(rank=r, kind="compute", op=op.type, logical=op.name, attrs=dict(attrs), inputs=inputs,
-                             in_shapes=in_shapes, out_shapes=out_shapes, out_dtypes=dtypes,
-                             out_sbps=tuple(sig.outputs), phase=op.phase, stage=op.stage,
-                             accumulate=op.type == "acc")
+                v = views.get(r)
+                if v is None:
+                    v = views[r] = self.local_view(op, opdef, metas, sig, r)
+                attrs, in_shapes, out_shapes, dtypes = v
+                inputs = tuple(self.boxed[(bid, r)] if bid is not None else self.stored[(t, r)] for t, bid in reads)
+                n = PhysNode(len(self.nodes), r, "compute", op.type, op.name, dict(attrs), inputs, in_shapes,
+                             out_shapes, dtypes, out_sbps, op.phase, op.stage, self._when(inputs, op.phase), acc)
+                self.nodes.append(n)
                 for j, o in enumerate(op.outputs):
                     self.stored[(o, r)] = PhysRef(n.id, j)
             for o in op.outputs:
@@ -196,6 +227,7 @@ def _shape(block) -> tuple[int, ...]:
     return tuple(e - s for s, e in block)
 
 
+@without_gc
 def lower(d: Deduction) -> PhysicalGraph:
     """Expand a deduction into a ``PhysicalGraph``."""
     lw = _Lowerer(d)

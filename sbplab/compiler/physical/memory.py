@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...fmt import fmt_bytes
+from ...gc_pause import without_gc
 from ...layout import local_shape
 from ..deduction.deduce import Deduction
 from .graph import PhysicalGraph
@@ -60,28 +61,33 @@ class MemoryReport:
 
 
 
+@without_gc
 def memory_report(d: Deduction, phys: PhysicalGraph) -> MemoryReport:
     g = d.graph
     grad_names = set(g.grads.values())
     pipelined = d.strategy.n_stages > 1
     out: dict[int, RankMemory] = {}
-    read_in_backward = {ref.node for n in phys.nodes if n.phase == "backward" for ref in n.inputs}
+    nodes = phys.nodes
+    read_in_backward = {ref.node for n in nodes if n.phase == "backward" for ref in n.inputs}
     last_use: dict[int, dict[int, int]] = {r: {} for r in phys.ranks}
     order: dict[int, list[int]] = {r: [] for r in phys.ranks}
-    for n in phys.nodes:
-        order[n.rank].append(n.id)
-        pos = len(order[n.rank]) - 1
-        for ref in n.inputs:
-            src = phys.nodes[ref.node]
-            if src.rank == n.rank:
-                last_use[n.rank][src.id] = pos
+    for n in nodes:
+        mine = order[n.rank]
+        pos = len(mine)
+        mine.append(n.id)
+        if n.inputs:
+            last = last_use[n.rank]
+            for ref in n.inputs:
+                if nodes[ref.node].rank == n.rank:
+                    last[ref.node] = pos
     for r in phys.ranks:
         params = state = grads = fwd = 0
         live, peak, lifetimes = 0, 0, []
         frees: dict[int, int] = {}
         ids = order[r]
+        last = last_use[r]
         for pos, nid in enumerate(ids):
-            n = phys.nodes[nid]
+            n = nodes[nid]
             if n.kind == "source":
                 role = n.op
                 if role == "param":
@@ -89,10 +95,11 @@ def memory_report(d: Deduction, phys: PhysicalGraph) -> MemoryReport:
                 elif role == "state":
                     state += n.out_bytes
                 continue
-            end = last_use[r].get(nid, len(ids))
+            end = last.get(nid, len(ids))
             b = n.out_bytes
             live += b
-            peak = max(peak, live)
+            if live > peak:
+                peak = live
             frees[end] = frees.get(end, 0) + b
             lifetimes.append(Lifetime(n.logical if n.kind == "compute" else f"box {n.logical}", pos, end, b, n.phase))
             if n.phase == "forward" and n.when == "each" and nid in read_in_backward:

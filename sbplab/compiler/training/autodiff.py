@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...gc_pause import without_gc
 from ...ops.registry import get_op
 from ..ir import Graph, GraphError, OpNode
 from .grad_rules import attach_rules
@@ -103,6 +104,7 @@ def _total(ctx: _Ctx, parts: list[str] | None) -> str | None:
     return total
 
 
+@without_gc
 def add_backward(graph: Graph, micro_batches: int = 1) -> None:
     """Extend a forward graph in place: gradients named ``<param>.grad``, and the step's loss.
 
