@@ -9,11 +9,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Mapping
 from typing import Any
 
+from ..gc_pause import gc_paused
 from ..hardware import Hardware
 from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
@@ -89,21 +88,8 @@ def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mappi
     """``simulate`` on a plan already lowered (``plan_of`` gives plan, batch shapes and ``comm``, what the
     compiler knows of each collective), so lowering can be timed or cached apart from simulating."""
     _check(plan, hw, steps)
-    with _gc_paused():
+    with gc_paused():  # the simulation's many small objects all live until it ends
         return _simulate(plan, hw, steps, dict(batch or {}), dict(comm or {}))
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """The simulation allocates many small objects that all stay alive until it ends: collecting garbage
-    meanwhile finds nothing and, with a compiled graph in memory, costs more than the simulation."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],

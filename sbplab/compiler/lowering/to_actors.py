@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...boxing.kinds import kernel_ref, kind_of
+from ...gc_pause import without_gc
 from ...layout import holds_value, local_block, local_shape, shard
 from ...runtime.actor_plan import ActorPlan, CommSlot
 from ...runtime.specs import (
@@ -261,6 +262,7 @@ class _Lowering:
                 self.states[(r, f"n{self.phys.sources[name][r]}")].update = self.ref(ref)
 
 
+@without_gc
 def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None = None, outputs: bool = False,
                     name: str = "compiled", world_size: int | None = None,
                     order: str = "derive", bucket_mb: float = DEFAULT_BUCKET_MB) -> ActorPlan:
