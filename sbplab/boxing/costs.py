@@ -152,18 +152,26 @@ def kind_ticks(kind: StepKind, hardware: Hardware, axis: int | None, group_size:
 
 def _kind_cost(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
                new: SbpParallel, itemsize: int, hardware: Hardware) -> EdgeCost:
-    p = mesh_shape[axis]
-    sent: list[int] = []
-    recv: list[int] = []
-    busy = 0
-    for coord in np.ndindex(*mesh_shape):
-        s, r, b = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
-        sent.append(s * itemsize)
-        recv.append(r * itemsize)
-        busy = max(busy, b)
-    t = kind_ticks(kind, hardware, axis, p, busy * itemsize)
+    sent, recv, busy = _kind_bytes(kind, shape, mesh_shape, whole, axis, old, new, itemsize)
+    t = kind_ticks(kind, hardware, axis, mesh_shape[axis], busy)
     op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
-    return EdgeCost(kind.name, tuple(sent), tuple(recv), t, t / time_scale(hardware), op)
+    return EdgeCost(kind.name, sent, recv, t, t / time_scale(hardware), op)
+
+
+@lru_cache(maxsize=65536)
+def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
+                new: SbpParallel, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(bytes sent, bytes received per mesh coordinate, the busiest one's bytes) of one kind's step: no
+    hardware in it, so every hardware view of a mesh shape (links mapped either way) shares it."""
+    p = mesh_shape[axis]
+    # a coordinate's piece depends only on the axes that split it, its bytes on that and its place on
+    # ``axis``: each distinct one is asked once, then spread over the mesh (row-major, as np.ndindex)
+    rel = [a for a, x in enumerate(whole) if a == axis or isinstance(x, Split)]
+    per = np.zeros([mesh_shape[a] if a in rel else 1 for a in range(len(mesh_shape))] + [3], dtype=np.int64)
+    for coord in np.ndindex(*per.shape[:-1]):
+        per[coord] = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
+    every = np.broadcast_to(per, tuple(mesh_shape) + (3,)).reshape(-1, 3) * itemsize
+    return tuple(every[:, 0].tolist()), tuple(every[:, 1].tolist()), int(every[:, 2].max())
 
 
 @lru_cache(maxsize=262144)
@@ -186,3 +194,4 @@ def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str)
 
 
 on_change(edge_cost.cache_clear)
+on_change(_kind_bytes.cache_clear)

@@ -27,15 +27,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..boxing import plan_boxing
 from ..compiler.deduction.caches import freeze
-from ..compiler.deduction.deduce import is_local_change
 from ..compiler.ir import Graph, OpNode
 from ..hardware import Hardware, op_key
 from ..layout import LayoutError, check_layout, local_shape, numel
 from ..ops.registry import NdSignature, TensorMeta, get_op, local_context
 from ..placement import Placement
 from ..sbp import B, Broadcast, NdSbp, Partial, S, Split
+from .box_prices import BoxPrices
 
 ZERO_LEVELS = (0, 2, 3)  # 0: replicated state; 2: gradients and optimizer state sharded; 3: parameters too
 
@@ -73,14 +72,14 @@ def mirror(sbp: NdSbp) -> NdSbp:
 class Pricer:
     """Prices ops, edges and parameters on one mesh; every price in seconds or bytes per device."""
 
-    def __init__(self, graph: Graph, placement: Placement, hw: Hardware) -> None:
+    def __init__(self, graph: Graph, placement: Placement, hw: Hardware, boxes: BoxPrices | None = None) -> None:
         self.graph, self.placement, self.hw = graph, placement, hw
         self.rank = placement.rank_list[0]
+        self.boxes = (boxes or BoxPrices()).for_mesh(placement, hw)  # shared by every mesh of this shape and links
         self.backward_of: dict[str, list[OpNode]] = {}
         for op in graph.ops:
             if op.phase == "backward" and op.forward_op is not None:
                 self.backward_of.setdefault(op.forward_op, []).append(op)
-        self._box = lru_cache(maxsize=None)(self._box_uncached)
         self._edges: dict[tuple, np.ndarray] = {}
         self._compute: dict[tuple, float] = {}
         self.local_bytes = lru_cache(maxsize=None)(self._local_bytes)  # type: ignore[method-assign]
@@ -112,13 +111,9 @@ class Pricer:
 
     # --- time ----------------------------------------------------------------------------------
     def box_time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
-        """Seconds of the boxing plan that turns ``src`` into ``dst`` on this mesh (cached)."""
-        if src == dst or is_local_change(src, dst):
-            return 0.0
-        return self._box(meta, src, dst)
-
-    def _box_uncached(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
-        return plan_boxing(meta.shape, src, dst, self.placement, None, dtype=meta.dtype, hardware=self.hw).time_s
+        """Seconds of the boxing plan that turns ``src`` into ``dst`` on this mesh (``plan_boxing``'s
+        ``time_s``, from the search's shared tables)."""
+        return self.boxes.time(meta, src, dst)
 
     def p2p_time(self, meta: TensorMeta, sbp: NdSbp) -> float:
         """One stage-to-stage move of a tensor laid out ``sbp`` (each rank sends its block)."""
@@ -127,12 +122,16 @@ class Pricer:
     def _roofline(self, flops: float, nbytes: float, dtype) -> float:
         return max(flops / self.hw.flops_for(dtype), nbytes / self.hw.mem_bandwidth)
 
-    def compute_time(self, op: OpNode, sig: NdSignature) -> float:
-        """Forward op on its local shapes, plus its backward ops at the same fraction of their work
-        (cached per op structure: identical layers are priced once)."""
+    def compute_key(self, op: OpNode) -> tuple:
+        """What an op's compute time depends on besides its signature: identical layers share it."""
         g = self.graph
-        key = (op.type, tuple(g.tensors[i].meta for i in op.inputs), freeze(op.attrs), sig,
-               tuple((b.type, tuple(g.tensors[i].meta for i in b.inputs)) for b in self.backward_of.get(op.name, ())))
+        return (op.type, tuple(g.tensors[i].meta for i in op.inputs), freeze(op.attrs),
+                tuple((b.type, tuple(g.tensors[i].meta for i in b.inputs)) for b in self.backward_of.get(op.name, ())))
+
+    def compute_time(self, op: OpNode, sig: NdSignature, op_key: tuple | None = None) -> float:
+        """Forward op on its local shapes, plus its backward ops at the same fraction of their work
+        (cached per op structure, ``compute_key``: identical layers are priced once)."""
+        key = (op_key if op_key is not None else self.compute_key(op), sig)
         t = self._compute.get(key)
         if t is None:
             t = self._compute[key] = self._compute_time(op, sig)

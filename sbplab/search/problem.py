@@ -14,18 +14,22 @@ in seconds per micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ..compiler.deduction.signature_hints import signatures_of
 from ..compiler.deduction.staging import assign_placements
 from ..compiler.deduction.strategy import Strategy
 from ..compiler.ir import Graph, OpNode
+from ..gc_pause import without_gc
 from ..hardware import Hardware
 from ..ops.registry import NdSignature
-from .cost import ZERO_LEVELS, Pricer, dual
+from .box_prices import BoxPrices
+from .cost import Pricer
 from .mesh import MeshChoice
+from .op_prices import OpPrices, OwnedSource
 
 
 @dataclass
@@ -70,6 +74,13 @@ class OpProblem:
     base_memory: int  # bytes per device nobody chooses (constants)
     micro_batches: int = 1
     index: dict[str, int] = field(default_factory=dict)
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def derived(self, name: str, make: Callable[[OpProblem], Any]) -> Any:
+        """``make(self)``, computed once: facts about the ops that every ZeRO level's reduction asks."""
+        if name not in self._derived:
+            self._derived[name] = make(self)
+        return self._derived[name]
 
     @property
     def space_size(self) -> float:
@@ -117,14 +128,17 @@ def _states_per_param(graph: Graph) -> dict[str, int]:
     return out
 
 
-def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: int = 1) -> OpProblem:
+@without_gc  # many small long-lived tables and no cycles: the collector would only re-walk them
+def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: int = 1,
+                  boxes: BoxPrices | None = None) -> OpProblem:
     """Price every forward op of ``graph`` (a training graph, copied: placements are set on the copy)
-    on ``mesh`` for every ZeRO level."""
+    on ``mesh`` for every ZeRO level. ``boxes``: boxing prices to share with other meshes of the search.
+    Identical ops (the repeated layers of a model) share their price tables (``op_prices.py``)."""
     graph = graph.copy()
     pl = mesh.placement()
     view = mesh.hardware(hw)
     assign_placements(graph, Strategy(pl, name="search"))
-    pricer = Pricer(graph, pl, view)
+    prices = OpPrices(graph, Pricer(graph, pl, view, boxes))
     states = _states_per_param(graph)
     fwd = graph.ops_in("forward")
     index = {op.name: k for k, op in enumerate(fwd)}
@@ -133,14 +147,8 @@ def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: i
     edges: list[Edge] = []
     const_bytes = 0
     for k, op in enumerate(fwd):
-        sigs = signatures_of(graph, op)
-        n = len(sigs)
-        compute = np.array([pricer.compute_time(op, s) for s in sigs])
-        gather = {z: np.zeros(n) for z in ZERO_LEVELS}
-        sync = {z: np.zeros(n) for z in ZERO_LEVELS}
-        act = np.array([sum(pricer.local_bytes(graph.tensors[o].meta, s.outputs[j])
-                            for j, o in enumerate(op.outputs)) for s in sigs], dtype=np.int64)
-        memory = {z: act.copy() for z in ZERO_LEVELS}
+        owned: list[OwnedSource] = []
+        shared: list[tuple[int, str]] = []  # (position, tensor) of sources an earlier op owns
         for pos, t in enumerate(op.inputs):
             tn = graph.tensors[t]
             if tn.producer is not None:
@@ -150,55 +158,25 @@ def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: i
                     owner[t] = (k, pos)
                     const_bytes += tn.meta.nbytes
                 continue
-            if t in owner:  # a second reader: an edge from the owner's layout
-                edges.append(_shared_source_edge(pricer, graph, ops[owner[t][0]], owner[t][1], k, pos, sigs, t))
+            if t in owner:
+                shared.append((pos, t))
                 continue
             owner[t] = (k, pos)
-            for z in ZERO_LEVELS:
-                for i, s in enumerate(sigs):
-                    if tn.role == "param":
-                        g, y, m = pricer.param_costs(tn.meta, s, pos, z, states.get(t, 0))
-                        gather[z][i] += g
-                        sync[z][i] += y
-                        memory[z][i] += m
-                    else:
-                        memory[z][i] += pricer.local_bytes(tn.meta, s.inputs[pos])
-        ops.append(OpSpace(k, op, sigs, compute, gather, sync, memory, act, unit_of(op.module)))
+            owned.append((pos, tn.role == "param", tn.meta, states.get(t, 0)))
+        node = prices.node(op, tuple(owned))
+        sigs = node.sigs
+        for pos, t in shared:  # a second reader: an edge from the owner's layout
+            src = ops[owner[t][0]]
+            edges.append(Edge(src.index, k, t, prices.shared_source_edge(src.op, src.sigs, owner[t][1], op, pos,
+                                                                         sigs, t), None))
+        ops.append(OpSpace(k, op, sigs, node.compute, node.gather, node.sync, node.memory, node.activation,
+                           unit_of(op.module)))
         for pos, t in enumerate(op.inputs):
             p = graph.tensors[t].producer
             if p is None or p not in index:
                 continue
             src = ops[index[p]]
             j = graph.op_by_name[p].outputs.index(t)
-            edges.append(_activation_edge(pricer, graph, src, j, k, pos, sigs, t))
+            cost, cross = prices.activation_edge(src.op, src.sigs, j, op, pos, sigs, t)
+            edges.append(Edge(src.index, k, t, cost, cross))
     return OpProblem(graph, mesh, view, ops, edges, const_bytes, micro_batches, index)
-
-
-def _activation_edge(pricer: Pricer, graph: Graph, src: OpSpace, j: int, dst: int, pos: int,
-                     dst_sigs: list[NdSignature], t: str) -> Edge:
-    meta = graph.tensors[t].meta
-    has_grad = t in graph.tensor_grads
-    outs = [s.outputs[j] for s in src.sigs]
-    ins = [(s.inputs[pos], dual(s, pos) if has_grad else None) for s in dst_sigs]
-    u_out, u_in = list(dict.fromkeys(outs)), list(dict.fromkeys(ins))
-    small = pricer.edge_matrix(meta, tuple(u_out), tuple(u_in))
-    rows = np.array([u_out.index(o) for o in outs])
-    cols = np.array([u_in.index(x) for x in ins])
-    cross = np.array([pricer.p2p_time(meta, o) * (2 if has_grad else 1) for o in outs])
-    return Edge(src.index, dst, t, small[np.ix_(rows, cols)], cross)
-
-
-def _shared_source_edge(pricer: Pricer, graph: Graph, src: OpSpace, src_pos: int, dst: int, pos: int,
-                        dst_sigs: list[NdSignature], t: str) -> Edge:
-    """A source read by two forward ops: the second reads it from the layout the first keeps; a
-    parameter's gradient from the second reader joins the first's."""
-    meta = graph.tensors[t].meta
-    is_param = graph.tensors[t].role == "param"
-    have = [s.inputs[src_pos] for s in src.sigs]
-    ins = [(s.inputs[pos], dual(s, pos) if is_param else None) for s in dst_sigs]
-    u_have, u_in = list(dict.fromkeys(have)), list(dict.fromkeys(ins))
-    small = np.array([[pricer.box_time(meta, h, i) + (pricer.box_time(meta, gr, h) if gr is not None else 0.0)
-                       for i, gr in u_in] for h in u_have])
-    rows = np.array([u_have.index(h) for h in have])
-    cols = np.array([u_in.index(x) for x in ins])
-    return Edge(src.index, dst, t, small[np.ix_(rows, cols)], None)

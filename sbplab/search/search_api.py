@@ -23,6 +23,7 @@ from ..compiler.ir import Graph, GraphError
 from ..compiler.training.autodiff import add_backward
 from ..compiler.training.optim import SGD
 from ..hardware import Hardware
+from .box_prices import BoxPrices
 from .candidate import Candidate
 from .clock import Clock
 from .cost import ZERO_LEVELS
@@ -46,6 +47,7 @@ class Space:
         self.batch = int(xs[0].shape[0]) if xs and xs[0].dim() else 1
         self._graphs: dict[int, Graph] = {}
         self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
+        self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
 
     def graph(self, m: int) -> Graph:
         if m not in self._graphs:
@@ -61,7 +63,7 @@ class Space:
     def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
         key = (mesh, m)
         if key not in self._problems:
-            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m)
+            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m, self.boxes)
         return self._problems[key]
 
 

@@ -73,6 +73,14 @@ class Reduced:
 
 
 def _cheap(problem: OpProblem, k: int) -> bool:
+    return problem.derived("cheap", _cheap_ops)[k]
+
+
+def _cheap_ops(problem: OpProblem) -> list[bool]:
+    return [_cheap_op(problem, k) for k in range(len(problem.ops))]
+
+
+def _cheap_op(problem: OpProblem, k: int) -> bool:
     op = problem.ops[k].op
     g = problem.graph
     d = get_op(op.type)
@@ -87,6 +95,10 @@ def _cheap(problem: OpProblem, k: int) -> bool:
 
 def _template(problem: OpProblem) -> list[tuple | None]:
     """Per op, a key shared by the corresponding op of every identical repeated layer (else None)."""
+    return problem.derived("template", _templates)
+
+
+def _templates(problem: OpProblem) -> list[tuple | None]:
     g = problem.graph
     units: dict[str, list[int]] = {}
     for k, o in enumerate(problem.ops):

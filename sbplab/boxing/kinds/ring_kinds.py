@@ -47,7 +47,8 @@ class RingKind(CollectiveKind):
     def rank_elements(self, piece, old, new, p, i) -> tuple[int, int, int]:
         T = numel(piece)
         d = self.split_of(old, new).dim
-        chunks = [rest_of(piece, d) * c for c in balanced_sizes(piece[d], p)]
+        rest = rest_of(piece, d)  # once, not once per chunk: pricing asks this for every member of every step
+        chunks = [rest * c for c in balanced_sizes(piece[d], p)]
         s, r = self.ring_elements(p, i, T, chunks)
         return s, r, max(s, r)
 

@@ -1,0 +1,90 @@
+"""Boxing prices for the search: one table per (tensor shape, dtype size, mesh shape, hardware view).
+
+Pricing a search space asks "how long does turning layout ``src`` into ``dst`` take?" hundreds of
+thousands of times: every pair of signatures on every edge, every parameter's gradient sync, on every
+mesh and micro-batch size. ``plan_boxing`` answers one pair at a time (validation, a Dijkstra that
+stops at ``dst``, a plan that names real ranks). The search needs only the seconds, and asks about
+many destinations from the same source, so a table here runs the planner's Dijkstra once per source
+layout (``routes_from``: over the very state graph ``find_route`` searches, without stopping at one
+target) and reads every destination off it. The seconds of a route are summed step by step, as
+``BoxingPlan.time_s`` sums its steps, so a price is the plan's ``time_s``.
+
+The tables depend only on their key (not on which ranks the mesh holds, nor on the op), so identical
+layers, ZeRO levels and every mesh of the same shape and links share them; a search keeps one
+``BoxPrices`` for all its meshes.
+"""
+
+from __future__ import annotations
+
+from ..boxing import plan_boxing
+from ..boxing.costs import edge_cost, state_ok
+from ..boxing.route import Route, apply_hops, partial_ops, routes_from
+from ..compiler.deduction.deduce import is_local_change
+from ..hardware import Hardware
+from ..ops.registry import TensorMeta
+from ..placement import Placement
+from ..sbp import NdSbp
+
+
+class BoxTable:
+    """Seconds of every boxing of one tensor (shape and dtype) on one mesh, computed on first use."""
+
+    def __init__(self, meta: TensorMeta, placement: Placement, hw: Hardware) -> None:
+        self.meta, self.placement, self.hw = meta, placement, hw
+        self.shape, self.mesh_shape, self.itemsize = tuple(meta.shape), placement.shape, meta.dtype.itemsize
+        self._times: dict[tuple[NdSbp, NdSbp], float] = {}
+        self._routes: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, Route]] = {}  # (source, reduce ops)
+
+    def time(self, src: NdSbp, dst: NdSbp) -> float:
+        """Seconds of the cheapest boxing from ``src`` to ``dst`` (0 for a local slice or fill)."""
+        key = (src, dst)
+        t = self._times.get(key)
+        if t is None:
+            t = self._times[key] = self._price(src, dst)
+        return t
+
+    def _price(self, src: NdSbp, dst: NdSbp) -> float:
+        if src == dst or is_local_change(src, dst):
+            return 0.0
+        shape, mesh, itemsize, hw = self.shape, self.mesh_shape, self.itemsize, self.hw
+        if not (state_ok(shape, mesh, src) and state_ok(shape, mesh, dst)):
+            return self._planned(src, dst)  # raises the planner's error for a layout that does not fit
+        ops = partial_ops(src, dst)
+        routes = self._routes.get((src, ops))
+        if routes is None:  # the planner's Dijkstra from ``src``, not stopping at one target
+            routes = self._routes[(src, ops)] = routes_from(shape, src, mesh, itemsize, hw, ops)
+        route = routes.get(dst)
+        if route is None:
+            return self._planned(src, dst)  # unreachable: the planner says why
+        return sum(edge_cost(shape, mesh, s, axis, new, itemsize, hw).time_s  # in order, as BoxingPlan.time_s
+                   for (axis, new), s in zip(route.hops, apply_hops(src, route.hops)))
+
+    def _planned(self, src: NdSbp, dst: NdSbp) -> float:
+        return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype, hardware=self.hw).time_s
+
+
+class BoxPrices:
+    """Every ``BoxTable`` of one search, keyed by mesh shape and hardware view, then by tensor."""
+
+    def __init__(self) -> None:
+        self._meshes: dict[tuple[tuple[int, ...], Hardware], dict[TensorMeta, BoxTable]] = {}
+
+    def for_mesh(self, placement: Placement, hw: Hardware) -> MeshBoxes:
+        tables = self._meshes.setdefault((placement.shape, hw), {})
+        return MeshBoxes(tables, placement, hw)
+
+
+class MeshBoxes:
+    """The tables of one mesh shape and hardware view (shared with every mesh of the same key)."""
+
+    def __init__(self, tables: dict[TensorMeta, BoxTable], placement: Placement, hw: Hardware) -> None:
+        self._tables, self.placement, self.hw = tables, placement, hw
+
+    def table(self, meta: TensorMeta) -> BoxTable:
+        t = self._tables.get(meta)
+        if t is None:
+            t = self._tables[meta] = BoxTable(meta, self.placement, self.hw)
+        return t
+
+    def time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
+        return self.table(meta).time(src, dst)

@@ -1,0 +1,125 @@
+"""The search's shared price tables give exactly what the one-at-a-time code gives: boxing seconds equal
+``plan_boxing``'s, identical layers share (read-only) tables, a step's per-rank bytes equal each rank's
+own count, and the ILP answers like enumeration whether or not its relaxation is integral."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import sbplab as sl
+from sbplab.boxing import plan_boxing
+from sbplab.boxing.costs import edge_cost, extents
+from sbplab.boxing.kinds import kinds_between
+from sbplab.boxing.route import candidates
+from sbplab.compiler.deduction.deduce import is_local_change
+from sbplab.sbp import B
+from sbplab.search.clock import Clock
+from sbplab.search.exhaustive import exhaustive
+from sbplab.search.ilp import solve_ilp
+from sbplab.search.mesh import mesh_choices
+from sbplab.search.search_api import Space
+from sbplab.search.shrink import Reduced
+
+
+def _gpt_space(hw: sl.Hardware) -> Space:
+    torch.manual_seed(0)
+    m = sl.models.GPT(sl.models.GPTConfig(n_layer=2))
+    (idx,), y = m.example_batch(8)
+    return Space(m, (idx,), m.loss_fn, y, sl.Adam(), hw)
+
+
+@pytest.mark.parametrize("devices,hw", [(4, sl.Hardware.h100_node()), (8, sl.Hardware.h100_ib(2))],
+                         ids=["one-link", "two-links"])
+def test_box_prices_equal_the_planners_time_for_every_pair_asked(devices, hw):
+    space = _gpt_space(hw)
+    for mesh in mesh_choices(devices, hw):
+        space.problem(mesh)
+    checked = 0
+    for (_, view), tables in space.boxes._meshes.items():
+        for meta, table in tables.items():
+            for k, ((src, dst), t) in enumerate(table._times.items()):
+                if k % 5:  # a fifth of the pairs keeps the test quick; every kind of pair is among them
+                    continue
+                if is_local_change(src, dst):  # a local slice or fill: the search counts it free, as before
+                    assert t == 0.0
+                    continue
+                plan = plan_boxing(meta.shape, src, dst, table.placement, dtype=meta.dtype, hardware=view)
+                assert t == plan.time_s, (meta, src, dst)
+                checked += 1
+    assert checked > 500
+
+
+def test_identical_layers_share_read_only_price_tables():
+    space = _gpt_space(sl.Hardware.h100_node())
+    pr = space.problem(mesh_choices(4, space.hw)[1])  # a 2x2 mesh
+    layer = {u: [k for k, o in enumerate(pr.ops) if o.unit == u] for u in ("blocks.0", "blocks.1")}
+    assert len(layer["blocks.0"]) == len(layer["blocks.1"]) > 10
+    twin = dict(zip(layer["blocks.0"], layer["blocks.1"]))  # op k of layer 0 -> the same op of layer 1
+    shared = 0
+    for k, k1 in twin.items():
+        a, b = pr.ops[k], pr.ops[k1]
+        assert a.op.type == b.op.type and a.sigs == b.sigs
+        arrays = lambda o: [o.compute, o.activation, *o.gather.values(), *o.sync.values(), *o.memory.values()]  # noqa: E731
+        if a.compute is b.compute:
+            assert all(x is y for x, y in zip(arrays(a), arrays(b)))
+            shared += 1
+        else:  # priced apart only where the prices differ (the last block's output feeds ln_f, not a block)
+            assert not all(np.array_equal(x, y) for x, y in zip(arrays(a), arrays(b))), a.name
+        assert not a.compute.flags.writeable
+        with pytest.raises(ValueError):
+            a.compute[0] = 0.0
+    assert shared >= len(twin) - 2
+    edges = {(e.src, e.dst): e for e in pr.edges}
+    inside = [(e, edges[(twin[s], twin[d])]) for (s, d), e in edges.items() if s in twin and d in twin]
+    assert len(inside) > 10
+    assert sum(e.cost is f.cost for e, f in inside) >= len(inside) - 2
+    assert all(e.cost is f.cost or not np.array_equal(e.cost, f.cost) for e, f in inside)
+
+
+@pytest.mark.parametrize("mesh", [(3,), (2, 3), (2, 2)])
+def test_step_bytes_are_each_ranks_own_count_on_uneven_splits(mesh):
+    shape, itemsize = (7, 5, 6), 4
+    hw = sl.Hardware.h100_node()
+    cands = candidates(len(shape), ("sum",))
+    seen = 0
+    for state in itertools.product(cands, repeat=len(mesh)):
+        for axis, new in itertools.product(range(len(mesh)), cands):
+            c = edge_cost(shape, mesh, state, axis, new, itemsize, hw)
+            if c is None:
+                continue
+            kind = next(k for k in kinds_between(state[axis], new) if k.name == c.kind)
+            whole = state[:axis] + (B,) + state[axis + 1:]
+            want = [kind.rank_elements(extents(shape, mesh, whole, co), state[axis], new, mesh[axis], co[axis])
+                    for co in np.ndindex(*mesh)]
+            assert c.sent == tuple(s * itemsize for s, _, _ in want)
+            assert c.recv == tuple(r * itemsize for _, r, _ in want)
+            seen += 1
+    assert seen >= 20
+
+
+def _frustrated_triangle() -> Reduced:
+    """Three binary choices, each pair paying 1 when equal: every 0/1 point pays at least 1, while the
+    relaxation pays 0 at x = 1/2 (so the LP answer is fractional and branch and bound must run)."""
+    same = np.array([[1.0, 0.0], [0.0, 1.0]])
+    cost = [np.array([0.0, 0.01]), np.array([0.0, 0.02]), np.array([0.0, 0.03])]
+    memory = [np.array([5, 1]), np.array([5, 1]), np.array([5, 1])]
+    edges = {(0, 1): same, (1, 2): same, (0, 2): same}
+    return Reduced(SimpleNamespace(base_memory=0), 0, cost, memory, edges, [0, 1, 2], [np.arange(2)] * 3)
+
+
+def test_ilp_with_a_fractional_relaxation_matches_enumeration():
+    r = _frustrated_triangle()
+    res = solve_ilp(r)
+    best = exhaustive(r, None, Clock())
+    assert res.status == "optimal"
+    assert res.objective == pytest.approx(r.total(best)) == pytest.approx(1.01)  # x = (1, 0, 0); rounding 1/2 pays 3
+    limited = solve_ilp(r, memory_limit=7)  # at most one choice 0: x = (1, 1, 0) pays 1.03, the cheapest such
+    assert limited.objective == pytest.approx(r.total(exhaustive(r, 7, Clock()))) == pytest.approx(1.03)
+    assert r.mem(limited.x) <= 7
+    none = solve_ilp(r, memory_limit=2)  # below the least memory (3): the relaxation already says so
+    assert none.x is None and none.status == "infeasible"
