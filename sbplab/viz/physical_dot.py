@@ -23,7 +23,7 @@ from .graph_dot import PHASE_FILL
 from .repeat import collapsed_units, find_repeats, unit_of
 
 
-def _module_of(graph: Any, logical: str) -> str:
+def module_of(graph: Any, logical: str) -> str:
     """The module path of a node's logical op or tensor ("" when unknown)."""
     if graph is None:
         return ""
@@ -104,7 +104,7 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
     want = set(phys.ranks if ranks is None else ranks)
     shown = [n for n in phys.nodes if n.rank in want and n.phase in phases
              and (show_sources or n.kind != "source")]
-    units = {n.id: unit_of(_module_of(graph, n.logical)) for n in shown}
+    units = {n.id: unit_of(module_of(graph, n.logical)) for n in shown}
     first = min(want)
     groups = find_repeats(((units[n.id], f"{n.kind}:{n.op}") for n in shown if n.rank == first), keep) \
         if collapse and graph is not None else []

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InputTypeError
 from ..sbp import fmt_sbp
+from .physical_dot import module_of
 
 _NODE = re.compile(r"^n(\d+)(?:\.|$)")
 _COLL = re.compile(r"^c(\d+)$")
@@ -29,15 +30,6 @@ class ActorInfo:
     sbp: str = ""
     tensor: str = ""
     axis_name: str = ""
-
-
-def _module_of(graph: Any, logical: str) -> str:
-    if logical in graph.op_by_name:
-        return graph.op_by_name[logical].module
-    t = graph.tensors.get(logical)
-    if t is None:
-        return ""
-    return graph.op_by_name[t.producer].module if t.producer else t.module
 
 
 class ActorLookup:
@@ -72,7 +64,7 @@ class ActorLookup:
         n = self.node_of(rank, actor)
         if n is None:
             return ActorInfo()
-        module = _module_of(self.graph, n.logical)
+        module = module_of(self.graph, n.logical)
         step = n.attrs.get("plan_step") if n.kind == "boxing" else None
         if step is not None:
             axis = "" if step.mesh_axis is None else step.placement.axis_label(step.mesh_axis)

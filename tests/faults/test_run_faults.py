@@ -132,11 +132,7 @@ def test_a_stopped_rank_is_blamed_for_the_hang_not_the_rank_waiting_for_it(healt
         took = time.monotonic() - t0
     finally:
         t.join(timeout=30)
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _resume(pids)
     err = e.value
     assert took < DETECT_S, f"the hang took {took:.1f} s to surface"
     assert err.kind == "hang" and err.rank == stopped, str(err)
@@ -145,6 +141,15 @@ def test_a_stopped_rank_is_blamed_for_the_hang_not_the_rank_waiting_for_it(healt
     _assert_all_gone(pids)
     _check_step(cluster, mlp)
     assert set(cluster.pids).isdisjoint(pids)
+
+
+def _resume(pids) -> None:
+    """SIGCONT every process of ``pids`` still alive (a test stopped one)."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def test_a_rank_stopped_between_runs_fails_the_next_run_at_once_by_name(healthy, mlp):
@@ -160,11 +165,7 @@ def test_a_rank_stopped_between_runs_fails_the_next_run_at_once_by_name(healthy,
             cluster.run(step, inputs, steps=3, progress=False, timeout=60.0)
         took = time.monotonic() - t0
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _resume(pids)
     err = e.value
     assert took < DETECT_S, f"the stopped rank took {took:.1f} s to surface"
     assert err.kind == "hang" and err.rank == 1 and "rank 1" in str(err) and "stopped" in str(err), str(err)
