@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..boxing import plan_boxing
 from ..boxing.costs import edge_cost, state_ok
+from ..boxing.kinds import kind_of
 from ..boxing.route import Route, apply_hops, partial_ops, routes_from
 from ..compiler.deduction.deduce import is_local_change
 from ..hardware import Hardware
@@ -33,6 +34,7 @@ class BoxTable:
         self.meta, self.placement, self.hw = meta, placement, hw
         self.shape, self.mesh_shape, self.itemsize = tuple(meta.shape), placement.shape, meta.dtype.itemsize
         self._times: dict[tuple[NdSbp, NdSbp], float] = {}
+        self._latencies: dict[tuple[NdSbp, NdSbp], float] = {}
         self._routes: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, Route]] = {}  # (source, reduce ops)
 
     def time(self, src: NdSbp, dst: NdSbp) -> float:
@@ -43,21 +45,43 @@ class BoxTable:
             t = self._times[key] = self._price(src, dst)
         return t
 
-    def _price(self, src: NdSbp, dst: NdSbp) -> float:
+    def bucketable_latency(self, src: NdSbp, dst: NdSbp) -> float:
+        """The latency part (alpha x rounds) of the steps of ``time(src, dst)``'s route whose kind can run
+        in a gradient bucket (``StepKind.bucket_layout``): the part a bucket pays once for all its members."""
+        key = (src, dst)
+        t = self._latencies.get(key)
+        if t is None:
+            t = 0.0
+            for (axis, _), _, cost in self._steps(src, dst) or ():
+                kind, p = kind_of(cost.kind), self.mesh_shape[axis]
+                if kind.bucket_layout is not None and p > 1:
+                    t += kind.alpha_beta(self.hw, axis, p)[0] * kind.rounds(p)
+            self._latencies[key] = t
+        return t
+
+    def _steps(self, src: NdSbp, dst: NdSbp) -> list | None:
+        """((axis, new), state before, EdgeCost) of every step of the cheapest route ([] for a local
+        change), or None where the route search has no answer and the planner must speak."""
         if src == dst or is_local_change(src, dst):
-            return 0.0
+            return []
         shape, mesh, itemsize, hw = self.shape, self.mesh_shape, self.itemsize, self.hw
         if not (state_ok(shape, mesh, src) and state_ok(shape, mesh, dst)):
-            return self._planned(src, dst)  # raises the planner's error for a layout that does not fit
+            return None  # the planner raises its error for a layout that does not fit
         ops = partial_ops(src, dst)
         routes = self._routes.get((src, ops))
         if routes is None:  # the planner's Dijkstra from ``src``, not stopping at one target
             routes = self._routes[(src, ops)] = routes_from(shape, src, mesh, itemsize, hw, ops)
         route = routes.get(dst)
         if route is None:
-            return self._planned(src, dst)  # unreachable: the planner says why
-        return sum(edge_cost(shape, mesh, s, axis, new, itemsize, hw).time_s  # in order, as BoxingPlan.time_s
-                   for (axis, new), s in zip(route.hops, apply_hops(src, route.hops)))
+            return None  # unreachable: the planner says why
+        return [(hop, s, edge_cost(shape, mesh, s, hop[0], hop[1], itemsize, hw))
+                for hop, s in zip(route.hops, apply_hops(src, route.hops))]
+
+    def _price(self, src: NdSbp, dst: NdSbp) -> float:
+        steps = self._steps(src, dst)
+        if steps is None:
+            return self._planned(src, dst)
+        return sum(cost.time_s for _, _, cost in steps)  # in order, as BoxingPlan.time_s
 
     def _planned(self, src: NdSbp, dst: NdSbp) -> float:
         return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype, hardware=self.hw).time_s
@@ -88,3 +112,6 @@ class MeshBoxes:
 
     def time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
         return self.table(meta).time(src, dst)
+
+    def bucketable_latency(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
+        return self.table(meta).bucketable_latency(src, dst)

@@ -9,6 +9,13 @@ parameter: the gradient synchronisation its read layout implies (a ``B`` read un
 ``P`` gradient: an all-reduce, or a reduce-scatter under ZeRO), ZeRO's gathers, the update's memory
 traffic and the bytes of parameter, gradient and optimizer state per device.
 
+Gradient reductions run in buckets (``Strategy.bucket_mb``, as DDP; ``lowering/buckets.py``): one
+collective per bucket pays the latency (alpha x rounds) once for all its gradients. A sum over
+parameters cannot know how they will be grouped, so each reduction pays its bandwidth term in full and
+the bucket's share of the latency, ``min(1, its bytes / bucket bytes)``: a bucket of small gradients
+costs about one latency, a gradient as large as a bucket pays its own. (The exact count, one latency
+per started bucket, is a step function the linear model leaves to the simulator's re-rank.)
+
 Backward layouts follow from the forward ones, per mesh axis: the gradient of an input read ``S(d)`` is
 ``S(d)``; of an input read ``P`` it is ``B``; of an input read ``B`` it is ``B`` when the whole op is
 replicated on that axis and ``P`` when the op is split there (each rank saw only its part). The
@@ -28,6 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..compiler.deduction.caches import freeze
+from ..compiler.deduction.strategy import DEFAULT_BUCKET_MB
 from ..compiler.ir import Graph, OpNode
 from ..hardware import Hardware, op_key
 from ..layout import LayoutError, check_layout, local_shape, numel
@@ -72,8 +80,10 @@ def mirror(sbp: NdSbp) -> NdSbp:
 class Pricer:
     """Prices ops, edges and parameters on one mesh; every price in seconds or bytes per device."""
 
-    def __init__(self, graph: Graph, placement: Placement, hw: Hardware, boxes: BoxPrices | None = None) -> None:
+    def __init__(self, graph: Graph, placement: Placement, hw: Hardware, boxes: BoxPrices | None = None,
+                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         self.graph, self.placement, self.hw = graph, placement, hw
+        self.bucket_bytes = bucket_mb * 2**20  # 0: every gradient reduction runs alone
         self.rank = placement.rank_list[0]
         self.boxes = (boxes or BoxPrices()).for_mesh(placement, hw)  # shared by every mesh of this shape and links
         self.backward_of: dict[str, list[OpNode]] = {}
@@ -188,13 +198,22 @@ class Pricer:
             m = self._edges[key] = np.array([[self.edge_time(meta, o, i, g) for i, g in ins] for o in outs])
         return m
 
+    def grad_reduce_time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
+        """A parameter gradient's reduction from ``src`` to ``dst``, run in a bucket: its bandwidth term and
+        its share of the bucket's latency (see the module docstring)."""
+        t = self.box_time(meta, src, dst)
+        if self.bucket_bytes <= 0 or t == 0.0:
+            return t
+        lat = self.boxes.bucketable_latency(meta, src, dst)
+        return t - lat + lat * min(1.0, self.local_bytes(meta, src) / self.bucket_bytes)
+
     def _param_costs(self, meta: TensorMeta, sig: NdSignature, k: int, zero: int,
                     n_states: int) -> tuple[float, float, int]:
         """(seconds per micro-batch: ZeRO-3 gathers; seconds per step: gradient sync, write-back and
         update; bytes per device: parameter, gradient and optimizer state) of input ``k``, a parameter."""
         lay = self.param_layout(meta, sig.inputs[k], zero)
         gather = 2 * self.box_time(meta, lay.stored, lay.read)  # forward and backward each gather (ZeRO-3)
-        sync = self.box_time(meta, dual(sig, k), lay.grad)
+        sync = self.grad_reduce_time(meta, dual(sig, k), lay.grad)
         if lay.grad != lay.stored:  # ZeRO-2: the update runs on shards, the new parameter is gathered back
             sync += self.box_time(meta, lay.grad, lay.stored)
         upd = self.local_bytes(meta, lay.grad)

@@ -45,14 +45,23 @@ class SearchResult:
         return self.best.strategy
 
     def best_preset(self) -> Candidate | None:
+        """The fastest preset: by ``sl.simulate`` among those the re-rank simulated (when the chosen
+        strategy was simulated too), else by the analytic model."""
         fits = [p for p in self.presets if p.step_time < float("inf")]
+        simulated = [p for p in fits if p.simulated_time is not None]
+        if simulated and self.best.simulated_time is not None:
+            return min(simulated, key=lambda p: p.simulated_time)
         return min(fits, key=lambda p: p.step_time) if fits else None
+
+    def listed(self) -> list[Candidate]:
+        """The chosen strategy, then every other preset, fastest first (analytic): the rows of ``table()``."""
+        return [self.best] + sorted((p for p in self.presets if p is not self.best), key=lambda p: p.step_time)
 
     def table(self) -> str:
         """The searched strategy and every applicable preset, by predicted step time and memory."""
         rows = [("strategy", "analytic ms", "memory/device", "simulated ms", "vs searched")]
         base = self.best.step_time
-        for c in [self.best] + sorted(self.presets, key=lambda p: p.step_time):
+        for c in self.listed():
             sim = f"{c.simulated_time * 1e3:.4g}" if c.simulated_time is not None else "-"
             rel = f"{c.step_time / base:.2f}x" if base > 0 else "-"
             rows.append((c.describe(), f"{c.step_time * 1e3:.4g}", fmt_bytes(c.memory), sim, rel))
@@ -70,6 +79,9 @@ class SearchResult:
         lines = [f"searched: {b.describe()}: {b.step_time * 1e3:.4g} ms/step, {fmt_bytes(b.memory)}/device"]
         if p is None:
             return "\n".join(lines + ["no preset applies to compare with"])
+        if p is b:
+            return "\n".join(lines + ["this is the best preset itself: sl.simulate predicted no searched candidate "
+                                      "faster (see notes)"])
         lines.append(f"best preset: {p.describe()}: {p.step_time * 1e3:.4g} ms/step, {fmt_bytes(p.memory)}/device "
                      f"(saves {(p.step_time - b.step_time) * 1e3:.4g} ms/step, "
                      f"{(1 - b.step_time / p.step_time) * 100 if p.step_time > 0 else 0:.1f}%)")

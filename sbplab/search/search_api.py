@@ -29,7 +29,7 @@ from .clock import Clock
 from .cost import ZERO_LEVELS
 from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
-from .presets_eval import PresetChoice, applicable_presets, preset_choice
+from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
 from .problem import OpProblem, build_problem
 from .rerank import rerank
 from .result import SearchResult
@@ -113,7 +113,8 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     method: "exhaustive" (tiny graphs), "exact" (ILP), "cd" (coordinate descent), "mcmc", or "auto".
     time_budget: seconds; when it runs out, the best found so far is returned with ``best_so_far`` set.
     reduce: merge follower ops and tie repeated layers (``shrink.py``); default: above 40 forward ops.
-    rerank_top: how many of the cheapest candidates to compile and re-rank by ``sl.simulate``.
+    rerank_top: how many of the cheapest candidates, and of the cheapest presets, to compile and re-rank by
+        ``sl.simulate``; a preset the simulator predicts faster than every searched candidate wins.
     on_progress: called with a ``SearchProgress`` after each unit of work (a preset priced, a space
         solved, a finalist simulated) and once at the end; for a progress bar. Without it nothing extra runs.
     """
@@ -137,10 +138,13 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     notes: list[str] = []
     meshes = mesh_choices(int(devices), hw, node_size, max_mesh_ndim)
     pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines and report.active else None
+    specs = applicable_presets(int(devices), space.batch, pipelines)
+    top = max(0, rerank_top) if simulate else 0
+    finalists = top + min(top, len(specs))  # searched finalists and presets, each simulated
     if report.active:  # the whole plan up front, so the bar moves steadily
-        report.plan(len(meshes) * len(zero_levels) + len(pipe_spaces or ()) * len(zero_levels)
-                    + (max(0, rerank_top) if simulate else 0))
-    presets = _presets(space, int(devices), pipelines, clock, notes, report)
+        report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces or ()) * len(zero_levels)
+                    + finalists)
+    presets = _presets(space, specs, clock, notes, report)
     candidates: list[Candidate] = []
     least: list[tuple[int, str]] = []
     for mesh in meshes:
@@ -172,18 +176,17 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
                               f"{where}")
         raise SearchError("sl.search: the time budget ran out before any candidate was priced; raise time_budget")
     feasible.sort(key=lambda c: c.step_time)
-    best, predicted = rerank(feasible, rerank_top if simulate else 0, model, xs, loss_fn, target, optimizer, hw,
-                             memory_limit, notes, on_each=(lambda c: report.step("simulating")) if report.active else None)
+    best, predicted = rerank(feasible, top, model, xs, loss_fn, target, optimizer, hw, memory_limit, notes,
+                             on_each=(lambda c: report.step("simulating")) if report.active else None,
+                             presets=presets, units=finalists)
     report.finish(best)
     return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
                         method, clock.elapsed(), notes)
 
 
-def _presets(space: Space, devices: int, pipelines: bool, clock: Clock, notes: list[str],
+def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[str],
              report: ProgressReporter) -> list[Candidate]:
     out = []
-    specs = applicable_presets(devices, space.batch, pipelines)
-    report.plan(len(specs))
     for spec in specs:
         try:
             pc = preset_choice(space.graph(spec.micro_batches), spec, space.hw)

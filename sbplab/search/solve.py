@@ -10,7 +10,6 @@ from .clock import Clock
 from .descent import coordinate_descent
 from .exhaustive import exhaustive
 from .ilp import solve_ilp
-from .local_moves import LocalView
 from .mcmc import metropolis
 from .problem import OpProblem
 from .shrink import reduce_problem
@@ -57,9 +56,7 @@ def solve_space(problem: OpProblem, zero: int, method: str, memory_limit: float 
     elif method == "cd":
         x = coordinate_descent(r, starts, memory_limit, clock, label)
     elif method == "mcmc":
-        view = LocalView(r, memory_limit)
-        start = min(starts, key=view.score)
-        x = metropolis(r, start, memory_limit, clock, seed=seed, label=label)
+        x = metropolis(r, starts, memory_limit, clock, seed=seed, label=label)
     else:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
     pool = ([r.expand(x)] if x is not None else []) + [r.expand(s) for s in starts] + [list(s) for s in seeds]

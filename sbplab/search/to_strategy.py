@@ -45,11 +45,16 @@ def strategy_for(problem: OpProblem, assign: list[int], zero: int, name: str, n_
                 continue
             lay = pricer.param_layout(tn.meta, read, zero)
             why = f"searched: read {fmt_sbp(read)} by {o.name}" + (f", ZeRO-{zero}" if zero else "")
-            st.hint(escape(t), lay.stored, why, role="param")
+            if lay.grad == lay.read or lay.stored != lay.read:  # ZeRO-2 adds none, as its preset: the update then
+                st.hint(escape(t), lay.stored, why, role="param")  # runs on the shards and writes the parameter back
             if lay.stored != lay.read:
                 st.hint(escape(t), lay.read, why + ": gathered for use", role="param", use=True)
+            if lay.grad == lay.read:  # not sharded by ZeRO: deduction derives them from the parameter, as in
+                continue  # the data-parallel preset (a store hint would make a backward op gather its
+                # inputs to skip a reduction that the bucket makes nearly free)
             if t in g.grads:
                 st.hint(escape(g.grads[t]), lay.grad, why, role="grad")
-            for s in states.get(t, ()):
-                st.hint(escape(s), lay.state, why, role="state")
+            for s in (t, *states.get(t, ())):  # the update runs on the shards: new parameter and states too
+                for u in ((s,) if s != t else ()) + ((g.state_updates[s],) if s in g.state_updates else ()):
+                    st.hint(escape(u), lay.state, why, role="state")
     return st

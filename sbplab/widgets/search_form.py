@@ -96,7 +96,7 @@ def result_rows(res: SearchResult) -> list[dict[str, Any]]:
     """The searched strategy, then every preset fastest first: what ``res.table()`` lists, as data."""
     base = res.best.step_time
     rows = []
-    for c in [res.best] + sorted(res.presets, key=lambda p: p.step_time):
+    for c in res.listed():
         rows.append({"strategy": c.describe(), "searched": c is res.best, "analytic_ms": c.step_time * 1e3,
                      "memory": int(c.memory),
                      "simulated_ms": None if c.simulated_time is None else c.simulated_time * 1e3,

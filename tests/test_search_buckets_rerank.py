@@ -1,0 +1,110 @@
+"""The search prices gradient reductions as the runtime runs them (in buckets), a searched candidate
+compiles to the plan its preset twin compiles to, and the re-rank never returns a strategy the simulator
+predicts slower than a preset it simulated."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import sbplab as sl
+from sbplab.compiler.deduction.strategy import DEFAULT_BUCKET_MB
+from sbplab.ops.registry import TensorMeta
+from sbplab.placement import Placement
+from sbplab.sbp import B, P, S
+from sbplab.search import search
+from sbplab.search.box_prices import BoxPrices
+from sbplab.search.cost import Pricer
+from sbplab.search.mesh import MeshChoice
+from sbplab.search.search_api import Space
+from sbplab.search.to_strategy import strategy_for
+
+CPU = sl.Hardware.cpu_box()
+
+
+def _gpt():
+    torch.manual_seed(0)
+    m = sl.models.GPT(sl.models.GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    (idx,), y = m.example_batch(16)
+    return m, idx, y
+
+
+def _pricer(ranks: int, bucket_mb: float) -> Pricer:
+    m, idx, y = _gpt()
+    space = Space(m, (idx,), m.loss_fn, y, sl.SGD(lr=0.1), CPU)
+    return Pricer(space.graph(1), Placement("cpu", list(range(ranks))), CPU, BoxPrices(), bucket_mb=bucket_mb)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_bucketed_reduction_pays_its_bandwidth_and_its_share_of_one_latency(ranks):
+    alone, bucketed = _pricer(ranks, 0), _pricer(ranks, DEFAULT_BUCKET_MB)
+    small = TensorMeta((64, 64), torch.float32)  # 16 KiB: a sliver of a 25 MiB bucket
+    latency = CPU.axis_latency[0] * 2 * (ranks - 1)  # a ring all-reduce: 2 (p - 1) steps
+    full = alone.grad_reduce_time(small, (P,), (B,))
+    assert full == bucketed.box_time(small, (P,), (B,))  # without buckets: the planner's price
+    assert bucketed.boxes.bucketable_latency(small, (P,), (B,)) == pytest.approx(latency)
+    share = small.nbytes / (DEFAULT_BUCKET_MB * 2**20)
+    assert bucketed.grad_reduce_time(small, (P,), (B,)) == pytest.approx(full - latency + share * latency)
+    # reduce-scatter (ZeRO) is bucketed too; an all-gather never is, and a local change costs nothing
+    assert bucketed.boxes.bucketable_latency(small, (P,), (S(0),)) == pytest.approx(CPU.axis_latency[0] * (ranks - 1))
+    assert bucketed.boxes.bucketable_latency(small, (S(0),), (B,)) == 0.0
+    assert bucketed.grad_reduce_time(small, (B,), (S(0),)) == 0.0
+    # a gradient as large as a bucket pays its whole latency
+    big = TensorMeta((DEFAULT_BUCKET_MB * 2**20 // 4,), torch.float32)
+    assert bucketed.grad_reduce_time(big, (P,), (B,)) == pytest.approx(alone.grad_reduce_time(big, (P,), (B,)))
+
+
+def _boxings(step) -> Counter:
+    return Counter((b.phase, b.kind, b.src_sbp, b.dst_sbp) for b in step.deduction.boxings if b.plan.time_s > 0)
+
+
+@pytest.mark.parametrize("zero,preset", [(0, "data parallel x2"), (2, "ZeRO-2 x2"), (3, "ZeRO-3 x2")])
+def test_a_candidate_with_a_presets_choices_compiles_to_the_presets_plan(zero, preset):
+    """The search's Strategy for the preset's own signatures and ZeRO level must box exactly as the preset
+    does (no store hint that makes backward ops gather, updates on the shards under ZeRO)."""
+    m, idx, y = _gpt()
+    opt = sl.SGD(lr=0.1)
+    res = search(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=opt, devices=2, hardware=CPU,
+                 pipelines=False, rerank_top=0)
+    p = next(c for c in res.presets if c.label == preset)
+    twin = strategy_for(p.problem, p.assign, zero, "twin")
+    compiled = [sl.compile(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=opt, strategy=st, hardware=CPU)
+                for st in (twin, p.strategy)]
+    assert _boxings(compiled[0]) == _boxings(compiled[1])
+    assert compiled[0].physical.count() == compiled[1].physical.count()
+
+
+def test_the_rerank_returns_nothing_the_simulator_predicts_slower_than_a_simulated_preset():
+    m, idx, y = _gpt()
+    res = search(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.05), devices=2, hardware=CPU)
+    simulated = [p for p in res.presets if p.simulated_time is not None]
+    assert len(simulated) == 3  # rerank_top presets beside rerank_top searched finalists
+    assert res.predicted.source == "simulator"
+    assert res.predicted.step_time <= min(p.simulated_time for p in simulated)
+    assert res.best_preset() in simulated
+    if res.best.method == "preset":  # said, and not listed twice
+        assert any("returns that preset" in n for n in res.notes)
+        assert [c.describe() for c in res.listed()].count(res.best.describe()) == 1
+        assert "best preset itself" in res.explain()
+    # the winner compiles and simulates to what the search said
+    step = sl.compile(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.05), strategy=res.strategy,
+                      hardware=res.hardware)
+    assert sl.simulate(step, res.hardware).step_time == pytest.approx(res.predicted.step_time)
+
+
+def test_mcmc_runs_one_chain_per_start_and_keeps_the_best_end():
+    from sbplab.search.clock import Clock
+    from sbplab.search.mcmc import metropolis
+    from sbplab.search.shrink import reduce_problem
+
+    m, idx, y = _gpt()
+    space = Space(m, (idx,), m.loss_fn, y, sl.SGD(lr=0.1), CPU)
+    pr = space.problem(MeshChoice((2,), (0,)))
+    r = reduce_problem(pr, 0, merge=False, tie=False)
+    zeros = [0] * len(r.cost)
+    one = metropolis(r, [zeros], None, Clock(), seed=0, iterations=400)
+    # the same chain from all-B, plus a second start: never worse than the first chain's end
+    both = metropolis(r, [zeros, [len(c) - 1 for c in r.cost]], None, Clock(), seed=0, iterations=800)
+    assert r.total(both) <= r.total(one) + 1e-15
