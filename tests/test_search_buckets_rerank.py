@@ -63,14 +63,17 @@ def _boxings(step) -> Counter:
 @pytest.mark.parametrize("zero,preset", [(0, "data parallel x2"), (2, "ZeRO-2 x2"), (3, "ZeRO-3 x2")])
 def test_a_candidate_with_a_presets_choices_compiles_to_the_presets_plan(zero, preset):
     """The search's Strategy for the preset's own signatures and ZeRO level must box exactly as the preset
-    does (no store hint that makes backward ops gather, updates on the shards under ZeRO)."""
-    m, idx, y = _gpt()
-    opt = sl.SGD(lr=0.1)
-    res = search(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=opt, devices=2, hardware=CPU,
-                 pipelines=False, rerank_top=0)
+    does: no store hint that makes backward ops gather, updates and optimizer states on the shards under
+    ZeRO, backward ops that mirror the forward ones (here, what deduction finds for the preset too)."""
+    torch.manual_seed(0)
+    m = sl.models.MLP(sl.models.MLPConfig(n_blocks=2))
+    (x,), y = m.example_batch(16)
+    opt = sl.Adam()
+    res = search(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, devices=2, hardware=CPU, pipelines=False,
+                 rerank_top=0)
     p = next(c for c in res.presets if c.label == preset)
     twin = strategy_for(p.problem, p.assign, zero, "twin")
-    compiled = [sl.compile(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=opt, strategy=st, hardware=CPU)
+    compiled = [sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, strategy=st, hardware=CPU)
                 for st in (twin, p.strategy)]
     assert _boxings(compiled[0]) == _boxings(compiled[1])
     assert compiled[0].physical.count() == compiled[1].physical.count()
@@ -108,3 +111,48 @@ def test_mcmc_runs_one_chain_per_start_and_keeps_the_best_end():
     # the same chain from all-B, plus a second start: never worse than the first chain's end
     both = metropolis(r, [zeros, [len(c) - 1 for c in r.cost]], None, Clock(), seed=0, iterations=800)
     assert r.total(both) <= r.total(one) + 1e-15
+
+
+@pytest.mark.parametrize("devices", [4, 8])
+def test_forward_only_deduction_gives_the_full_deductions_forward_choices(devices):
+    """The search prices presets from a deduction of their forward ops alone: greedy, in graph order,
+    so no backward or update op can change what the forward ops got."""
+    from sbplab.compiler.deduction.deduce import deduce
+    from sbplab.search.presets_eval import applicable_presets
+
+    m, idx, y = _gpt()
+    space = Space(m, (idx,), m.loss_fn, y, sl.Adam(), sl.Hardware.h100_node())
+    checked = 0
+    for spec in applicable_presets(devices, space.batch, pipelines=True):
+        g = space.graph(spec.micro_batches)
+        full = deduce(g.copy(), spec.make(), space.hw)
+        fwd = deduce(g.copy(), spec.make(), space.hw, forward_only=True)
+        ops = g.ops_in("forward")
+        assert {o.name: fwd.choices[o.name].signature for o in ops} == \
+            {o.name: full.choices[o.name].signature for o in ops}, spec.name
+        assert not any(o.name in fwd.choices for o in g.ops if o.phase != "forward")
+        checked += 1
+    assert checked >= 6
+
+
+def test_a_searched_candidate_compiles_to_the_boxings_it_was_priced_with():
+    """Backward ops mirror the forward choices (``backward_pins``) and a backward op that reads a boxed
+    input boxes it again (``Pricer.rereads``), as deduction does: the activation and activation-gradient
+    boxings of the compiled step cost what the search's edges said."""
+    torch.manual_seed(0)
+    m = sl.models.MLP(sl.models.MLPConfig(in_dim=64, width=1024, hidden=4096, n_blocks=2))
+    (x,), y = m.example_batch(32)
+    hw, opt = sl.Hardware.h100_node(), sl.SGD(lr=0.1)
+    res = search(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, devices=4, hardware=hw, pipelines=False,
+                 rerank_top=0)
+    c = res.best
+    priced = sum(e.cost[c.assign[e.src], c.assign[e.dst]] for e in c.problem.edges)
+    assert priced > 0  # a split strategy, not the trivial all-replicated one
+    step = sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, strategy=c.strategy,
+                      hardware=c.mesh.hardware(hw))
+    roles = {n: t.role for n, t in step.graph.tensors.items()}
+    boxed = sum(b.plan.time_s for b in step.deduction.boxings
+                if roles[b.tensor] not in ("param", "grad", "state") and b.phase != "update")
+    assert boxed == pytest.approx(priced, rel=0.01)
+    pinned = [h for h in c.strategy.signatures if "mirrors its forward op" in h.why]
+    assert pinned and all(step.deduction.choices[h.pattern].signature == h.signature for h in pinned)

@@ -113,6 +113,7 @@ class Graph:
         self.micro_batches: int = 1
         self.grads: dict[str, str] = {}  # param -> its (accumulated) gradient tensor
         self.tensor_grads: dict[str, str] = {}  # forward tensor -> its total gradient (one micro-batch)
+        self.input_grads: dict[str, tuple[str | None, ...]] = {}  # forward op -> its rule's gradient per input
         self._counts: dict[str, int] = {}
 
     # --- construction --------------------------------------------------------------------------
@@ -197,6 +198,9 @@ class Graph:
         for k, v in list(self.tensor_grads.items()):
             if v == old:
                 self.tensor_grads[k] = new
+        for k, gs in list(self.input_grads.items()):
+            if old in gs:
+                self.input_grads[k] = tuple(new if x == old else x for x in gs)
 
     # --- queries -------------------------------------------------------------------------------
     def producer(self, tensor: str) -> OpNode | None:
@@ -237,7 +241,7 @@ class Graph:
             g.op_by_name[c.name] = c
         g.inputs, g.params, g.outputs = list(self.inputs), list(self.params), list(self.outputs)
         g.loss, g.state_updates, g.grads = self.loss, dict(self.state_updates), dict(self.grads)
-        g.loss_value, g.tensor_grads = self.loss_value, dict(self.tensor_grads)
+        g.loss_value, g.tensor_grads, g.input_grads = self.loss_value, dict(self.tensor_grads), dict(self.input_grads)
         g.micro_batches, g._counts = self.micro_batches, dict(self._counts)
         return g
 

@@ -56,6 +56,12 @@ class ParamLayout:
     stored: NdSbp  # as it is kept between steps (ZeRO-3 shards it)
     grad: NdSbp  # what its gradient is reduced to (ZeRO-2/3: sharded)
     state: NdSbp  # optimizer state
+    kept: NdSbp  # as it would be kept without ZeRO: ``read`` with every P made B
+
+    @property
+    def sharded(self) -> bool:
+        """ZeRO shards its gradient and optimizer state (and, at level 3, the parameter itself)."""
+        return self.grad != self.kept
 
 
 def dual(sig: NdSignature, k: int) -> NdSbp:
@@ -109,15 +115,21 @@ class Pricer:
 
     def param_layout(self, meta: TensorMeta, read: NdSbp, zero: int) -> ParamLayout:
         """ZeRO shards dim 0 on the first mesh axis where the read layout is ``B`` (a data-parallel
-        axis); a tensor too small to split there stays as read (the zero preset's ``only_if_fits``)."""
+        axis); a tensor too small to split there stays as read (the zero preset's ``only_if_fits``).
+
+        A parameter is never kept as a partial sum (an optimizer update is not linear, so it has no
+        ``P`` signature): one read ``P`` (a bias added to a partial product) is kept ``B`` and read ``P``
+        by a local step (rank 0 keeps it, the others add zeros); its gradient, the dual of a ``P`` read,
+        is ``B`` already."""
+        kept = tuple(B if isinstance(x, Partial) else x for x in read)
         if zero == 0 or not meta.shape:
-            return ParamLayout(read, read, read, read)
-        for a, x in enumerate(read):
+            return ParamLayout(read, kept, kept, kept, kept)
+        for a, x in enumerate(kept):
             if isinstance(x, Broadcast):
-                shard = read[:a] + (S(0),) + read[a + 1:]
+                shard = kept[:a] + (S(0),) + kept[a + 1:]
                 if self.fits(meta, shard):
-                    return ParamLayout(read, shard if zero >= 3 else read, shard, shard)
-        return ParamLayout(read, read, read, read)
+                    return ParamLayout(read, shard if zero >= 3 else kept, shard, shard, kept)
+        return ParamLayout(read, kept, kept, kept, kept)
 
     # --- time ----------------------------------------------------------------------------------
     def box_time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
@@ -180,22 +192,31 @@ class Pricer:
             bwd += self._roofline(bf * frac, bd.bytes_moved(bi, bo) * frac, dtype)
         return fwd + bwd
 
-    def edge_time(self, meta: TensorMeta, out_sbp: NdSbp, in_sbp: NdSbp, grad_sbp: NdSbp | None) -> float:
-        """Forward boxing to the consumer, and (when the tensor has a gradient) the gradient's boxing
-        back to the layout the producer's backward needs."""
-        t = self.box_time(meta, out_sbp, in_sbp)
+    def rereads(self, op: OpNode, pos: int) -> bool:
+        """Does a backward op of ``op`` read its input ``pos`` again (``linear_grad_weight`` reads x)? Then
+        that read boxes it again in backward: deduction shares a boxing within a phase, and a stage
+        keeps what it received for backward only across placements."""
+        t = op.inputs[pos]
+        return any(t in b.inputs for b in self.backward_of.get(op.name, ()))
+
+    def edge_time(self, meta: TensorMeta, out_sbp: NdSbp, in_sbp: NdSbp, grad_sbp: NdSbp | None,
+                  reread: bool = False) -> float:
+        """Forward boxing to the consumer (twice when its backward reads it again, ``rereads``), and
+        (when the tensor has a gradient) the gradient's boxing back to the layout the producer's
+        backward needs."""
+        t = self.box_time(meta, out_sbp, in_sbp) * (2 if reread else 1)
         if grad_sbp is not None:
             t += self.box_time(meta, grad_sbp, mirror(out_sbp))
         return t
 
     def edge_matrix(self, meta: TensorMeta, outs: tuple[NdSbp, ...],
-                    ins: tuple[tuple[NdSbp, NdSbp | None], ...]) -> np.ndarray:
+                    ins: tuple[tuple[NdSbp, NdSbp | None], ...], reread: bool = False) -> np.ndarray:
         """``edge_time`` for every (producer layout, (consumer layout, gradient layout)) pair; identical
         layers ask identical questions, so whole matrices are cached."""
-        key = (meta, outs, ins)
+        key = (meta, outs, ins, reread)
         m = self._edges.get(key)
         if m is None:
-            m = self._edges[key] = np.array([[self.edge_time(meta, o, i, g) for i, g in ins] for o in outs])
+            m = self._edges[key] = np.array([[self.edge_time(meta, o, i, g, reread) for i, g in ins] for o in outs])
         return m
 
     def grad_reduce_time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:

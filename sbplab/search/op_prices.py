@@ -96,19 +96,20 @@ class OpPrices:
         read as input ``pos`` of ``dst_op``."""
         meta = self.graph.tensors[t].meta
         has_grad = t in self.graph.tensor_grads
-        key = ("act", self.sig_key(src_op), j, self.sig_key(dst_op), pos, meta, has_grad)
+        reread = self.pricer.rereads(dst_op, pos)
+        key = ("act", self.sig_key(src_op), j, self.sig_key(dst_op), pos, meta, has_grad, reread)
         got = self._edges.get(key)
         if got is None:
-            got = self._edges[key] = self._activation_edge(src_sigs, j, pos, dst_sigs, meta, has_grad)
+            got = self._edges[key] = self._activation_edge(src_sigs, j, pos, dst_sigs, meta, has_grad, reread)
         return got  # type: ignore[return-value]
 
     def _activation_edge(self, src_sigs: list[NdSignature], j: int, pos: int, dst_sigs: list[NdSignature],
-                         meta: TensorMeta, has_grad: bool) -> tuple[np.ndarray, np.ndarray]:
+                         meta: TensorMeta, has_grad: bool, reread: bool) -> tuple[np.ndarray, np.ndarray]:
         pricer = self.pricer
         outs = [s.outputs[j] for s in src_sigs]
         ins = [(s.inputs[pos], dual(s, pos) if has_grad else None) for s in dst_sigs]
         u_out, u_in = list(dict.fromkeys(outs)), list(dict.fromkeys(ins))
-        small = pricer.edge_matrix(meta, tuple(u_out), tuple(u_in))
+        small = pricer.edge_matrix(meta, tuple(u_out), tuple(u_in), reread)
         rows = _positions(outs, u_out)
         cols = _positions(ins, u_in)
         cross = np.array([pricer.p2p_time(meta, o) * (2 if has_grad else 1) for o in outs])
@@ -120,19 +121,23 @@ class OpPrices:
         parameter's gradient from the second reader joins the first's. Cost [src sigs, dst sigs]."""
         meta = self.graph.tensors[t].meta
         is_param = self.graph.tensors[t].role == "param"
-        key = ("shared", self.sig_key(src_op), src_pos, self.sig_key(dst_op), pos, meta, is_param)
+        reread = self.pricer.rereads(dst_op, pos)
+        key = ("shared", self.sig_key(src_op), src_pos, self.sig_key(dst_op), pos, meta, is_param, reread)
         got = self._edges.get(key)
         if got is None:
-            got = self._edges[key] = (self._shared_source_edge(src_sigs, src_pos, pos, dst_sigs, meta, is_param), None)
+            got = self._edges[key] = (self._shared_source_edge(src_sigs, src_pos, pos, dst_sigs, meta, is_param,
+                                                               reread), None)
         return got[0]
 
     def _shared_source_edge(self, src_sigs: list[NdSignature], src_pos: int, pos: int,
-                            dst_sigs: list[NdSignature], meta: TensorMeta, is_param: bool) -> np.ndarray:
+                            dst_sigs: list[NdSignature], meta: TensorMeta, is_param: bool,
+                            reread: bool) -> np.ndarray:
         pricer = self.pricer
         have = [s.inputs[src_pos] for s in src_sigs]
         ins = [(s.inputs[pos], dual(s, pos) if is_param else None) for s in dst_sigs]
         u_have, u_in = list(dict.fromkeys(have)), list(dict.fromkeys(ins))
-        small = np.array([[pricer.box_time(meta, h, i) + (pricer.box_time(meta, gr, h) if gr is not None else 0.0)
+        small = np.array([[pricer.box_time(meta, h, i) * (2 if reread else 1)
+                           + (pricer.box_time(meta, gr, h) if gr is not None else 0.0)
                            for i, gr in u_in] for h in u_have])
         rows = _positions(have, u_have)
         cols = _positions(ins, u_in)

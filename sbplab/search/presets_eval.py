@@ -55,10 +55,10 @@ def applicable_presets(devices: int, batch: int, pipelines: bool = True) -> list
 
 
 def preset_choice(graph: Graph, spec: PresetSpec, hw: Hardware | None) -> PresetChoice:
-    """Deduce ``spec`` on a copy of ``graph`` (the training graph at its micro-batch size)."""
+    """Deduce ``spec``'s forward ops on a copy of ``graph`` (the training graph at its micro-batch size)."""
     st = spec.make()
     g = graph.copy()
-    d = deduce(g, st, hw)
+    d = deduce(g, st, hw, forward_only=True)
     fwd = g.ops_in("forward")
     return PresetChoice(spec, st, {op.name: d.choices[op.name].signature for op in fwd},
                         {op.name: op.stage for op in fwd}, fwd[0].placement.shape)

@@ -16,6 +16,7 @@ slower than a preset it simulated.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,6 +24,8 @@ import torch
 from ..hardware import Hardware
 from .candidate import Candidate
 from .result import Predicted
+
+BUCKET_MB_CHOICES = (0.0, 1.0, 4.0, 25.0, 100.0)  # MiB; 0: every gradient reduced on its own
 
 
 def _simulator() -> Callable | None:
@@ -33,61 +36,117 @@ def _simulator() -> Callable | None:
     return simulate
 
 
-def simulate_candidate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
-                       target: torch.Tensor | None, optimizer: Any, hw: Hardware) -> tuple[float, int]:
-    """(step time, peak bytes on the fullest rank) of ``c`` compiled and simulated."""
-    from ..compiler.api import compile as compile_step
-
+def simulate(step: Any, hw: Hardware) -> Any:
     sim = _simulator()
     if sim is None:
         raise ImportError("sbplab.sim is not available")
+    return sim(step, hw)
+
+
+def simulate_candidate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
+                       target: torch.Tensor | None, optimizer: Any, hw: Hardware) -> tuple[float, int]:
+    """(step time, peak bytes on the fullest rank) of ``c`` compiled and simulated."""
+    t, mem, _ = _compile_and_simulate(c, model, xs, loss_fn, target, optimizer, hw)
+    return t, mem
+
+
+def _compile_and_simulate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
+                          target: torch.Tensor | None, optimizer: Any, hw: Hardware) -> tuple[float, int, Any]:
+    from ..compiler.api import compile as compile_step
+
     view = c.mesh.hardware(hw)
     step = compile_step(model, xs, loss_fn=loss_fn, target=target, optimizer=optimizer, strategy=c.strategy,
                         hardware=view)
-    pred = sim(step, view)
-    return float(pred.step_time), int(max(pred.peak_memory.values(), default=0))
+    pred = simulate(step, view)
+    return float(pred.step_time), int(max(pred.peak_memory.values(), default=0)), step
+
+
+def tune_buckets(c: Candidate, step: Any, hw: Hardware, notes: list[str], memory_limit: float | None = None,
+                 tick: Callable[[], None] = lambda: None, sizes: tuple[float, ...] = BUCKET_MB_CHOICES) -> None:
+    """Give ``c`` the gradient bucket size (``Strategy.bucket_mb``) the simulator predicts fastest.
+
+    Buckets trade latency (one collective for many gradients) against overlap (a small bucket goes out
+    while backward still runs; the last one never overlaps anything), so the best size depends on the
+    strategy and the machine. Only lowering changes, so each size re-lowers ``step`` (the compiled
+    ``c``) and simulates it; a size wins only by being strictly faster than the one ``c`` has.
+    ``tick()`` after each size tried.
+    """
+    view = c.mesh.hardware(hw)
+    have = step.strategy.bucket_mb
+    best = (c.simulated_time, have, c.simulated_memory)
+    for mb in sizes:
+        if mb == have:
+            continue
+        pred = simulate(replace(step, strategy=replace(step.strategy, bucket_mb=mb)), view)
+        peak = int(max(pred.peak_memory.values(), default=0))
+        if pred.step_time < best[0] * (1 - 1e-9) and (memory_limit is None or peak <= memory_limit):
+            best = (float(pred.step_time), mb, peak)
+        tick()
+    if best[1] != have:
+        notes.append(f"gradient buckets of {best[1]:g} MiB instead of {have:g}: sl.simulate predicts "
+                     f"{best[0] * 1e3:.4g} ms/step instead of {c.simulated_time * 1e3:.4g}")
+        c.simulated_time, c.bucket_mb, c.simulated_memory = best
+
+
+def rerank_units(top: int, presets: int, tune: bool = True) -> int:
+    """Units of progress ``rerank`` reports: each finalist and preset simulated, each bucket size tried."""
+    return top + min(top, presets) + (len(BUCKET_MB_CHOICES) - 1 if tune and top > 0 else 0)
 
 
 def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
            target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
-           notes: list[str], on_each: Callable[[Candidate], None] | None = None,
-           presets: list[Candidate] = (), units: int = 0) -> tuple[Candidate, Predicted]:
+           notes: list[str], on_each: Callable[[Candidate | None], None] | None = None,
+           presets: list[Candidate] = (), tune: bool = True, units: int | None = None) -> tuple[Candidate, Predicted]:
     """The winner among ``ranked`` (cheapest first) and the ``top`` analytically cheapest of ``presets``,
-    and its prediction. ``on_each(c)`` after each candidate is simulated (or fails to be), for a
-    progress bar, and then once more for each of the ``units`` planned that had no candidate to fill it
-    (fewer candidates or presets than ``top``), so the bar ends where it was planned to."""
+    and its prediction; with ``tune``, then the winner's gradient bucket size (``tune_buckets``).
+    ``on_each`` is called once per unit of progress, ``units`` times in all (default ``rerank_units``),
+    a unit without work too, so a progress bar ends where it was planned to."""
+    ticks = [0]
+
+    def tick(c: Candidate | None = None) -> None:
+        ticks[0] += 1
+        if on_each is not None:
+            on_each(c)
+
+    try:
+        return _rerank(ranked, top, model, xs, loss_fn, target, optimizer, hw, memory_limit, notes, tick, presets,
+                       tune)
+    finally:
+        for _ in range((rerank_units(top, len(presets), tune) if units is None else units) - ticks[0]):
+            tick()
+
+
+def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
+            target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
+            notes: list[str], tick: Callable[..., None], presets: list[Candidate],
+            tune: bool) -> tuple[Candidate, Predicted]:
     first = ranked[0]
     analytic = Predicted(first.step_time, first.memory, "analytic", first.step_time, first.memory)
     if top <= 0 or _simulator() is None:
         if top > 0:
             notes.append("sl.simulate is not available: ranked by the analytic cost model only")
-        _fill(on_each, units)
         return first, analytic
     simulated = []
     rivals = sorted((p for p in presets if p.feasible(memory_limit) and p.step_time < float("inf")),
                     key=lambda p: p.step_time)[:top]
-    pool = ranked[:top] + rivals
-    for c in pool:
+    steps: dict[int, Any] = {}
+    for c in ranked[:top] + rivals:
         try:
-            c.simulated_time, c.simulated_memory = simulate_candidate(c, model, xs, loss_fn, target, optimizer, hw)
+            c.simulated_time, c.simulated_memory, steps[id(c)] = _compile_and_simulate(c, model, xs, loss_fn, target,
+                                                                                       optimizer, hw)
         except Exception as e:  # a candidate the compiler or simulator rejects is reported, not fatal
             notes.append(f"{c.describe()} could not be simulated: {type(e).__name__}: {str(e).splitlines()[0]}")
             continue
         finally:
-            if on_each is not None:
-                on_each(c)
+            tick(c)
         if memory_limit is None or c.simulated_memory <= memory_limit:
             simulated.append(c)
-    _fill(on_each, units - len(pool))
     if not simulated:
         return first, analytic
     best = min(simulated, key=lambda c: (c.simulated_time, c.method == "preset"))  # a tie: the searched one
-    if best.method == "preset":
+    if best.method == "preset":  # a preset stays as its maker wrote it
         notes.append(f"no searched candidate was predicted faster than the preset {best.label!r} by sl.simulate "
                      f"({best.simulated_time * 1e3:.4g} ms/step), so the search returns that preset")
+    elif tune:
+        tune_buckets(best, steps[id(best)], hw, notes, memory_limit, tick)
     return best, Predicted(best.simulated_time, best.simulated_memory, "simulator", best.step_time, best.memory)
-
-
-def _fill(on_each: Callable[[Candidate], None] | None, n: int) -> None:
-    for _ in range(n if on_each is not None else 0):
-        on_each(None)  # type: ignore[arg-type,misc]

@@ -31,7 +31,7 @@ from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
 from .problem import OpProblem, build_problem
-from .rerank import rerank
+from .rerank import rerank, rerank_units
 from .result import SearchResult
 from .search_errors import SearchError
 from .search_progress import ProgressCallback, ProgressReporter
@@ -140,7 +140,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines and report.active else None
     specs = applicable_presets(int(devices), space.batch, pipelines)
     top = max(0, rerank_top) if simulate else 0
-    finalists = top + min(top, len(specs))  # searched finalists and presets, each simulated
+    finalists = rerank_units(top, len(specs))  # finalists and presets simulated, bucket sizes tried
     if report.active:  # the whole plan up front, so the bar moves steadily
         report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces or ()) * len(zero_levels)
                     + finalists)

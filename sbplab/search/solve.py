@@ -9,6 +9,7 @@ from __future__ import annotations
 from .clock import Clock
 from .descent import coordinate_descent
 from .exhaustive import exhaustive
+from .greedy import greedy_starts
 from .ilp import solve_ilp
 from .mcmc import metropolis
 from .problem import OpProblem
@@ -37,7 +38,7 @@ def solve_space(problem: OpProblem, zero: int, method: str, memory_limit: float 
     r = reduce_problem(problem, zero, merge=big, tie=big)
     if method == "auto":
         method = pick_method(sum(d.size for d in r.edges.values()), r.space_size)
-    starts = [r.contract(s) for s in seeds] + [[0] * len(r.cost)]
+    starts = [r.contract(s) for s in seeds] + [[0] * len(r.cost)] + greedy_starts(r)
     label = method
     if method == "exhaustive":
         x = exhaustive(r, memory_limit, clock, label)

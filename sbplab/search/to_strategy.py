@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..compiler.deduction.signature_hints import escape
 from ..compiler.deduction.strategy import Strategy
 from ..sbp import fmt_sbp
+from .backward_pins import backward_signatures
 from .cost import Pricer
 from .problem import OpProblem
 
@@ -45,16 +46,18 @@ def strategy_for(problem: OpProblem, assign: list[int], zero: int, name: str, n_
                 continue
             lay = pricer.param_layout(tn.meta, read, zero)
             why = f"searched: read {fmt_sbp(read)} by {o.name}" + (f", ZeRO-{zero}" if zero else "")
-            if lay.grad == lay.read or lay.stored != lay.read:  # ZeRO-2 adds none, as its preset: the update then
-                st.hint(escape(t), lay.stored, why, role="param")  # runs on the shards and writes the parameter back
-            if lay.stored != lay.read:
+            if not lay.sharded or lay.stored != lay.kept:  # ZeRO-2 adds none, as its preset: the update then
+                st.hint(escape(t), lay.stored, why, role="param")  # runs on the shards, writing the parameter back
+            if lay.stored != lay.kept:
                 st.hint(escape(t), lay.read, why + ": gathered for use", role="param", use=True)
-            if lay.grad == lay.read:  # not sharded by ZeRO: deduction derives them from the parameter, as in
-                continue  # the data-parallel preset (a store hint would make a backward op gather its
-                # inputs to skip a reduction that the bucket makes nearly free)
+            if not lay.sharded:  # gradient and state: deduction derives them from the parameter, as in the
+                continue  # data-parallel preset (a store hint would make a backward op gather its inputs
+                # to skip a reduction that the bucket makes nearly free)
             if t in g.grads:
                 st.hint(escape(g.grads[t]), lay.grad, why, role="grad")
             for s in (t, *states.get(t, ())):  # the update runs on the shards: new parameter and states too
                 for u in ((s,) if s != t else ()) + ((g.state_updates[s],) if s in g.state_updates else ()):
                     st.hint(escape(u), lay.state, why, role="state")
+    for name, sig in backward_signatures(g, problem.signatures(assign)).items():
+        st.signature(escape(name), sig, why="searched: mirrors its forward op")
     return st

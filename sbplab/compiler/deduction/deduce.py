@@ -274,8 +274,15 @@ def choose(d: Deduction, op: OpNode) -> None:
 
 
 @without_gc
-def deduce(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Deduction:
-    """Place every op and give every tensor an SBP; see the module docstring for the rules."""
+def deduce(graph: Graph, strategy: Strategy, hardware: Hardware | None = None, *,
+           forward_only: bool = False) -> Deduction:
+    """Place every op and give every tensor an SBP; see the module docstring for the rules.
+
+    ``forward_only``: choose only the forward ops' signatures and stop. Ops are chosen greedily in
+    graph order, each from what its producers left and what its outputs must end as, so no later
+    (backward or update) op changes a forward choice: a caller that needs only those (the search,
+    pricing a preset) gets the same choices for a third of the work. The result is not compilable.
+    """
     graph.validate()
     d = Deduction(graph, strategy, hardware)
     d.placement.update(assign_placements(graph, strategy, hardware))
@@ -284,7 +291,10 @@ def deduce(graph: Graph, strategy: Strategy, hardware: Hardware | None = None) -
     _check_hints(d)
     _source_sbps(d)
     for op in graph.ops:
-        choose(d, op)
+        if not forward_only or op.phase == "forward":
+            choose(d, op)
+    if forward_only:
+        return d
     for old, new in graph.state_updates.items():
         if d.sbp[new] != d.sbp[old] or d.placement[new] != d.placement[old]:
             pl_new = d.placement[new]

@@ -78,6 +78,7 @@ def differentiate(graph: Graph, loss: str, seed: float = 1.0) -> dict[str, str]:
         grads = get_op(op.type).grad(ctx, op, gouts)
         if len(grads) != len(op.inputs):
             raise GraphError(f"gradient rule of {op.type!r} returned {len(grads)} grads for {len(op.inputs)} inputs")
+        graph.input_grads[op.name] = tuple(gi if inp in requires else None for inp, gi in zip(op.inputs, grads))
         for inp, gi in zip(op.inputs, grads):
             if gi is not None and inp in requires:
                 contribs.setdefault(inp, []).append(gi)

@@ -1,0 +1,62 @@
+"""The backward ops a searched candidate implies, as signatures for deduction to take.
+
+The cost model prices backward ops on layouts that mirror the forward choices (``cost.py``): a
+backward op reads each forward tensor as its forward op read or wrote it, and the gradient of a forward
+output in ``mirror`` of that output's layout; the gradient it gives a forward input is ``dual`` of the
+input's read. Left to itself, deduction re-decides every backward op greedily and can leave that plan
+(gather activations to skip a reduction, keep a gradient partial and reduce it later), and then the
+compiled step is not the step the search priced. So each backward op a forward op's gradient rule
+emitted is pinned to its first signature that matches those layouts; an op with no such signature (or
+one the rule's intermediate tensors leave open, like the sums that add a tensor's gradient parts) is
+left to deduction.
+
+What the model does not see: a linear backward op could pass a partial sum on (``P`` in, ``P`` out)
+and reduce it once, later (into ZeRO's shards, say), where the model reduces it where it arrives; the
+pins follow the model, so the search compiles to what it priced, and the re-rank's presets (deduced
+freely) stand beside it.
+"""
+
+from __future__ import annotations
+
+from ..compiler.deduction.signature_hints import signatures_of
+from ..compiler.ir import Graph, OpNode
+from ..ops.registry import NdSignature
+from ..sbp import NdSbp
+from .cost import dual, mirror
+
+
+def backward_signatures(graph: Graph, forward: dict[str, NdSignature]) -> dict[str, NdSignature]:
+    """backward op name -> signature, for the backward ops of the forward ops in ``forward`` (a signature
+    per forward op, on ``graph`` with placements assigned)."""
+    read_as: dict[str, NdSbp] = {}  # the total gradient of a forward output: read by the producer's rule
+    for name, sig in forward.items():
+        for j, o in enumerate(graph.op_by_name[name].outputs):
+            if o in graph.tensor_grads:
+                read_as[graph.tensor_grads[o]] = mirror(sig.outputs[j])
+    by_forward: dict[str, list[OpNode]] = {}
+    for op in graph.ops_in("backward"):
+        if op.forward_op in forward and op.type != "add":
+            by_forward.setdefault(op.forward_op, []).append(op)
+    out: dict[str, NdSignature] = {}
+    for name, ops in by_forward.items():
+        f, sig = graph.op_by_name[name], forward[name]
+        have = {t: sig.outputs[j] for j, t in enumerate(f.outputs)}
+        have.update({t: sig.inputs[k] for k, t in reversed(list(enumerate(f.inputs)))})
+        gives = {g: dual(sig, k) for k, g in enumerate(graph.input_grads.get(name, ())) if g is not None}
+        for op in ops:
+            want_in = [have.get(t, read_as.get(t)) for t in op.inputs]
+            want_out = [gives.get(t) for t in op.outputs]
+            pick = _first(signatures_of(graph, op), want_in, want_out)
+            if pick is not None:
+                out[op.name] = pick
+    return out
+
+
+def _first(cands: list[NdSignature], want_in: list, want_out: list) -> NdSignature | None:
+    """The first signature with every wanted input layout and every wanted output layout; failing that,
+    the first with the wanted inputs alone."""
+    def fits(got: tuple, want: list) -> bool:
+        return all(w is None or g == w for g, w in zip(got, want))
+    ins = [c for c in cands if fits(c.inputs, want_in)]
+    both = [c for c in ins if fits(c.outputs, want_out)]
+    return (both or ins or [None])[0]
