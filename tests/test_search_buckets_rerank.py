@@ -156,3 +156,25 @@ def test_a_searched_candidate_compiles_to_the_boxings_it_was_priced_with():
     assert boxed == pytest.approx(priced, rel=0.01)
     pinned = [h for h in c.strategy.signatures if "mirrors its forward op" in h.why]
     assert pinned and all(step.deduction.choices[h.pattern].signature == h.signature for h in pinned)
+
+
+def test_the_winner_gets_the_bucket_size_the_simulator_predicts_fastest():
+    from dataclasses import replace
+
+    from sbplab.search.rerank import BUCKET_MB_CHOICES
+
+    torch.manual_seed(0)
+    m = sl.models.MLP(sl.models.MLPConfig(in_dim=64, width=1024, hidden=4096, n_blocks=4))
+    (x,), y = m.example_batch(32)
+    hw, opt = sl.Hardware.h100_node(), sl.SGD(lr=0.1)
+    res = search(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, devices=8, hardware=hw, pipelines=False)
+    assert res.best.method != "preset", res.notes  # the searched strategy wins here, and is tuned
+    step = sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, strategy=res.strategy,
+                      hardware=res.hardware)
+    assert step.strategy.bucket_mb == res.best.bucket_mb
+    times = {mb: sl.simulate(replace(step, strategy=replace(step.strategy, bucket_mb=mb)), res.hardware).step_time
+             for mb in BUCKET_MB_CHOICES}
+    assert times[res.best.bucket_mb] == pytest.approx(min(times.values()))
+    assert res.predicted.step_time == pytest.approx(times[res.best.bucket_mb])
+    if res.best.bucket_mb != DEFAULT_BUCKET_MB:
+        assert any("gradient buckets of" in n for n in res.notes) and "MiB buckets" in res.best.describe()
