@@ -24,6 +24,7 @@ from ..boxing.bucket_kernels import pack_bucket
 from ..boxing.kinds import kernel_ref, kind_of
 from .actor_plan import RankPlan
 from .actors import make_behaviour
+from .buffers import BufferPools
 from .comm import Comm
 from .firing import MODES, PER_STEP, SAME, FiringGraph
 from .lanes import CommFailure, CommLane, Streams
@@ -63,6 +64,14 @@ class ActorFailure(Exception):
 StepReport = Callable[[int, dict[str, list[torch.Tensor]]], None]
 
 
+def _pools(actors: list, device: torch.device) -> BufferPools:
+    """The run's shared buffers (gradient buckets): made once, reused every step; one per register of
+    the actor guarding each pool."""
+    slots = [a.into for a in actors if getattr(a, "into", None) is not None]
+    by_name = {a.name: a for a in actors} if slots else {}
+    return BufferPools(slots, {s.pool: by_name[s.pool].registers for s in slots}, device)
+
+
 class Executor:
     """``on_step(step, loss_values)`` is called on this thread as each step finishes on this rank, with
     the values of the step's "loss" sinks (sink name -> one tensor per firing of the step)."""
@@ -76,7 +85,8 @@ class Executor:
         for mod in spec.imports:
             importlib.import_module(mod)
         self.graph = FiringGraph(rp.actors, spec.micro_batches, spec.steps)
-        self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds)
+        self.pools = _pools(rp.actors, device)
+        self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds, self.pools)
                            for a in rp.actors]
         self.order = [(self.graph.names[n], m) for n, m in spec.order]
         # per actor, the registers it reads: (producer, output index, mode code)
