@@ -232,3 +232,14 @@ def test_on_workers_gradients_are_views_of_the_reused_bucket_buffer(micro):
         addresses = [int(row[0]) for row in rows]
         assert addresses[0] != addresses[1]  # two buffers, one per register of the unpack
         assert addresses == [addresses[s % 2] for s in range(steps)]  # made once, reused every step
+
+
+@pytest.mark.parametrize("registers", [1, 2])
+def test_simulated_memory_holds_the_buffers_for_the_run_and_the_views_as_nothing(registers):
+    plan = ActorPlan.build(1, {0: _guarded_plan(registers)})
+    pred = sl.simulate(plan, sl.Hardware.cpu_box(), steps=3)
+    assert pred.memory_breakdown[0]["gradients"] == registers * 4 * 4  # (4,) float32 per buffer
+    plain = _guarded_plan(registers)
+    plain[1] = Compute("g", op=K + "noop", inputs=("w",), scope="step", registers=4)
+    without = sl.simulate(ActorPlan.build(1, {0: plain}), sl.Hardware.cpu_box(), steps=3)
+    assert without.memory_breakdown[0]["gradients"] == 0
