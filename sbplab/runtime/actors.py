@@ -60,21 +60,22 @@ class ComputeB(Behaviour):
     def fire(self, k, inputs):
         views = self.views
         if views is not None:  # output k lives in buffer k % count (``buffers.py``)
-            out = views[k % len(views)]
-            if self.into is not None:
-                self.into(inputs, self.attrs, out)
-            else:  # a kernel that cannot write in place: its result is copied there
-                out.copy_(self._run(inputs)[0])
-            return (out,)
-        return self._run(inputs)
-
-    def _run(self, inputs):
+            return self._into(views[k % len(views)], inputs)
         out = self.kernel(inputs, self.attrs)
-        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if type(out) is not tuple:
+            out = tuple(out) if isinstance(out, list) else (out,)
         if len(out) != self.n:
             raise PlanError(f"op {self.actor.op!r} returned {len(out)} tensors but actor "  # type: ignore
                             f"{self.actor.name!r} declares outputs={self.n}")
         return out
+
+    def _into(self, out: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor]:
+        if self.into is not None:
+            self.into(inputs, self.attrs, out)
+        else:  # a kernel that cannot write in place: its result is copied there
+            res = self.kernel(inputs, self.attrs)
+            out.copy_(res[0] if isinstance(res, (tuple, list)) else res)
+        return (out,)
 
 
 class SourceB(Behaviour):

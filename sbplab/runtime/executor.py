@@ -26,7 +26,7 @@ from .actor_plan import RankPlan
 from .actors import make_behaviour
 from .buffers import BufferPools
 from .comm import Comm
-from .firing import MODES, PER_STEP, SAME, FiringGraph
+from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph
 from .lanes import CommFailure, CommLane, Streams
 from .specs import Accumulate, Collective, Recv, Sink, State
 
@@ -107,6 +107,9 @@ class Executor:
         self.node_steps = [0] * len(rp.actors)
         self.step_nodes = [0] * (spec.steps + 1)
         self.steps_reported = 0
+        # read at every firing: kept as plain lists rather than asked of the actor specs each time
+        self.n_outputs = [a.num_outputs for a in rp.actors]
+        self.micro_scope = [a.scope == "micro" for a in rp.actors]
         self.loss_sinks = [(a.name, b) for a, b in zip(rp.actors, self.behaviours)
                            if isinstance(a, Sink) and a.key == "loss"]
 
@@ -147,16 +150,17 @@ class Executor:
 
     def _store(self, i: int, k: int, outs: tuple | None, ev: Any) -> list[int]:
         g = self.graph
-        o = g.out_number(g.nodes[i], k)
+        node = g.nodes[i]
+        reg = node.reg
+        o = k if reg == REG_FIRING else None if reg == REG_NONE else g.out_number(node, k)
         if o is not None:
-            if outs is None or len(outs) != g.nodes[i].actor.num_outputs:
-                raise RuntimeError(f"actor {g.nodes[i].actor.name!r} produced no output for firing {k}")
+            if outs is None or len(outs) != self.n_outputs[i]:
+                raise RuntimeError(f"actor {node.actor.name!r} produced no output for firing {k}")
             self.outs[i][o] = outs
             if ev is not None:
                 self.events[i][o] = ev
         touched = g.finish(i, k)
-        node = g.nodes[i]
-        s = node.done_upto // g.micro if node.actor.scope == "micro" else min(node.done_upto, g.steps)
+        s = node.done_upto // g.micro if self.micro_scope[i] else min(node.done_upto, g.steps)
         if s > self.node_steps[i]:
             for t in range(self.node_steps[i], s):
                 self.step_nodes[t] += 1
@@ -229,7 +233,7 @@ class Executor:
                 cpos += 1
                 if cpos == len(self.order):
                     cpos, cstep = 0, cstep + 1
-            done = lane.ready()
+            done = lane.ready() if lane.pollable else None
             if done:  # completions first: they may let more communication go out
                 for c in done:
                     self._complete(c, consider)
