@@ -109,6 +109,7 @@ class Executor:
         self.steps_reported = 0
         # read at every firing: kept as plain lists rather than asked of the actor specs each time
         self.n_outputs = [a.num_outputs for a in rp.actors]
+        self.tracing, self.cuda = spec.trace, self.streams.cuda
         self.micro_scope = [a.scope == "micro" for a in rp.actors]
         self.loss_sinks = [(a.name, b) for a, b in zip(rp.actors, self.behaviours)
                            if isinstance(a, Sink) and a.key == "loss"]
@@ -203,27 +204,28 @@ class Executor:
         g, spec, lane = self.graph, self.spec, self.lane
         ready: list[tuple[int, int, int]] = []  # (step, micro, actor): oldest step and micro-batch first
         queued = set()
-        per_micro = [n.actor.lane != "comm" and n.actor.scope == "micro" for n in g.nodes]
-        per_step = [n.actor.lane != "comm" and n.actor.scope != "micro" for n in g.nodes]
-        M = g.micro
+        # per actor: 0 runs on the comm lane (posted in order below), 1 per micro-batch, 2 per step
+        lane_of = [0 if n.actor.lane == "comm" else 1 if n.actor.scope == "micro" else 2 for n in g.nodes]
+        M, nodes, can_fire, push = g.micro, g.nodes, g.can_fire, heapq.heappush
 
         def consider(i: int) -> None:
-            if i in queued or not (per_micro[i] or per_step[i]) or not g.can_fire(i):
+            if i in queued or not lane_of[i] or not can_fire(i):
                 return
-            k = g.nodes[i].started
-            heapq.heappush(ready, (k // M, k % M, i) if per_micro[i] else (k, -1, i))
+            k = nodes[i].started
+            push(ready, (k // M, k % M, i) if lane_of[i] == 1 else (k, -1, i))
             queued.add(i)
 
         for i in range(len(g.nodes)):
             consider(i)
         cstep, cpos = 0, 0
-        while not g.finished():
+        order, steps = self.order, (spec.steps if self.order else 0)
+        while g.unfinished:
             if self.stopped:
                 raise RuntimeError("run stopped by the driver")
-            while cstep < spec.steps and self.order:  # communication, strictly in order
-                i, m = self.order[cpos]
-                n = g.nodes[i]
-                if not g.can_fire(i):
+            while cstep < steps:  # communication, strictly in order
+                i, m = order[cpos]
+                n = nodes[i]
+                if not can_fire(i):
                     break
                 k = g.start(i)
                 x, evs = self._inputs(i, k)
@@ -231,7 +233,7 @@ class Executor:
                     self.activity[2], self.activity[3] = i + 1, k
                 lane.post(i, k, n.actor, m, x[0] if x else None, evs[0] if evs else None, self.inplace[i])
                 cpos += 1
-                if cpos == len(self.order):
+                if cpos == len(order):
                     cpos, cstep = 0, cstep + 1
             done = lane.ready() if lane.pollable else None
             if done:  # completions first: they may let more communication go out
@@ -270,7 +272,7 @@ class Executor:
         self.compute_inflight = (i, k, t0)
         sev = ev = None
         try:
-            if self.streams.cuda:
+            if self.cuda:
                 sev, outs, ev = self._fire_on_stream(b, k, xs, evs)  # type: ignore[arg-type]
             else:
                 outs = b.fire(k, xs)  # type: ignore[union-attr]
@@ -279,7 +281,7 @@ class Executor:
             raise ActorFailure(self.rank, a.name, a.label, k, traceback.format_exc()) from e
         t1 = time.perf_counter_ns()
         self.compute_inflight = None
-        if self.spec.trace:
+        if self.tracing:
             self.trace.append((i, k, COMPUTE, t0, t1, 0))
             if sev is not None:
                 self.cuda_timing.append((len(self.trace) - 1, sev, ev))
