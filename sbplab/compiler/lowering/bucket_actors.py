@@ -34,9 +34,9 @@ def bucket_actors(b: Bucket, members: list[PhysNode], inputs: list[Ref], graph: 
     name = f"b{b.index}"
     into = None
     if kind.bucket_layout == "flat":  # the flat concatenation: (sum of numels,)
-        sizes_ = [numel(m.in_shapes[0]) for m in members]
-        offsets = tuple(sum(sizes_[:i]) for i in range(len(members)))
-        flat = (sum(sizes_),)
+        counts = [numel(m.in_shapes[0]) for m in members]
+        offsets = tuple(sum(counts[:i]) for i in range(len(members)))
+        flat = (sum(counts),)
         pack: dict = dict(offsets=offsets, shapes=tuple(tuple(m.in_shapes[0]) for m in members),
                           in_place=(False,) * len(members))
         into = BufferSlot(f"{name}.unpack", 0, flat, members[0].out_dtypes[0])
