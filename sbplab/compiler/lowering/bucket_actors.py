@@ -2,7 +2,7 @@
 that buffer, and ``unpack`` (a view per gradient). See ``boxing.bucket_kernels`` for the layout.
 
 An all-reduce bucket's pack writes ``into`` a buffer the run keeps (one per register of the unpack,
-which guards their reuse); ``bucket_views`` then lets the gradients' producers write there themselves."""
+which guards its reuse); ``bucket_views`` then lets the gradients' producers write there themselves."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def bucket_actors(b: Bucket, members: list[PhysNode], inputs: list[Ref], graph: 
         pack = dict(dims=dims, sizes=sizes, region=region)
         flat = (p * region,)
         coll = dict(reduce_op=kws[0]["reduce_op"], dim=0, sizes=(region,) * p)
+    # A flat bucket's buffers are one per register of its unpack: one, as DDP keeps one bucket. It costs
+    # no overlap: the next step's gradients need the parameters this step's update computes from them.
+    unpack_common = {**common, "registers": 1} if into is not None else common
     c = Collective(name, kind_=kind.name, group=group, inputs=(Ref(f"{name}.pack"),),
                    order=members[-1].collective or 0, mesh_axis=step.mesh_axis, **coll, **common)
     c.bytes_sent = kind.actor_bytes(c, me, flat, members[0].out_dtypes[0].itemsize)
@@ -56,5 +59,5 @@ def bucket_actors(b: Bucket, members: list[PhysNode], inputs: list[Ref], graph: 
         Compute(f"{name}.pack", op=kernel_ref(pack_bucket), attrs=pack, inputs=tuple(inputs), into=into, **common),
         c,
         Compute(f"{name}.unpack", op=kernel_ref(unpack_bucket), attrs=dict(shapes=tuple(m.out_shapes[0] for m in members)),
-                inputs=(Ref(name),), outputs=len(members), **common),
+                inputs=(Ref(name),), outputs=len(members), **unpack_common),
     ]
