@@ -2,7 +2,8 @@
 ``into`` forms equal their plain kernels bit for bit, the firing rule keeps a reused buffer from being
 overwritten while it is still read, the simulator prices a pack that moves nothing as a firing only,
 and on real Gloo workers the gradients are views of the one buffer the all-reduce runs on, the same
-buffers every step, while the run trains exactly like single-device torch."""
+buffer every step, while the run trains like single-device torch and gives the very bits of a run
+that copies every gradient into the bucket."""
 
 from __future__ import annotations
 
@@ -173,6 +174,32 @@ def test_simulator_prices_a_pack_in_place_as_a_firing_and_a_copy_by_its_bytes():
     assert cost.seconds == pytest.approx(hw.firing_overhead + moved / hw.mem_bandwidth)
 
 
+class _Copying:
+    """A compiled step whose plan copies every gradient into its buckets (no producer writes in place)."""
+
+    def __init__(self, comp) -> None:
+        self.comp = comp
+
+    def feeds(self, inputs):
+        return self.comp.feeds(inputs)
+
+    def plan(self, world_size=None) -> ActorPlan:
+        base = self.comp.plan(world_size)
+        ranks = {}
+        for r, rp in base.ranks.items():
+            acts = []
+            for a in rp.actors:
+                a = copy.copy(a)
+                if isinstance(a, Compute) and a.op == PACK:
+                    a.attrs = {**a.attrs, "in_place": (False,) * len(a.inputs)}
+                elif getattr(a, "into", None) is not None:
+                    a.into = None
+                acts.append(a)
+            ranks[r] = acts
+        return ActorPlan.build(base.world_size, ranks, micro_batches=base.micro_batches,
+                               device_type=base.device_type, name="copying")
+
+
 class _Probed:
     """A compiled step whose plan also reports, on every rank, where bucket b0's gradients live."""
 
@@ -222,6 +249,11 @@ def test_on_workers_gradients_are_views_of_the_reused_bucket_buffer(micro):
     with LocalCluster(2) as cluster:
         res = cluster.run(probed, batch, steps=steps, progress=False, trace=False)
         plain = cluster.run(comp, batch, steps=steps, progress=False, trace=False)
+        copied = cluster.run(_Copying(comp), batch, steps=steps, progress=False, trace=False)
+    assert not any(any(p.attrs["in_place"]) for ps in _packs(_Copying(comp).plan()).values() for p in ps)
+    assert plain.losses == copied.losses  # in place or copied: the same bits
+    for name, p in plain.params.items():
+        assert torch.equal(p.full(), copied.params[name].full()), name
     want = _torch_losses(m, batch, steps)
     assert res.losses == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert plain.losses == pytest.approx(want, rel=1e-5, abs=1e-6)
