@@ -147,6 +147,25 @@ def test_optimizer_kernels_follow_torch_optim():
     assert float(t) == 3.0
 
 
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.0, False, 0.01), (0.9, False, 0.0),
+                                                   (0.9, True, 0.01)])
+def test_sgd_kernels_are_torch_optim_bit_for_bit(momentum, nesterov, wd):
+    """The single-tensor formulas of torch.optim.SGD (``add`` with ``alpha``), so results are its bits."""
+    p0, grads = _r(5, 3), [_r(5, 3) for _ in range(3)]
+    ref = p0.clone().requires_grad_()
+    opt = torch.optim.SGD([ref], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd, foreach=False)
+    p, buf = p0.clone(), torch.zeros_like(p0)
+    for g in grads:
+        if momentum:
+            p, buf = get_op("sgd_momentum_update").kernel(
+                [p, g, buf], {"lr": 0.1, "momentum": momentum, "nesterov": nesterov, "weight_decay": wd})
+        else:
+            (p,) = get_op("sgd_update").kernel([p, g], {"lr": 0.1, "weight_decay": wd})
+        ref.grad = g.clone()
+        opt.step()
+        assert torch.equal(p, ref.detach())
+
+
 def test_bad_shapes_name_the_op():
     with pytest.raises(ValueError, match="linear_grad_input"):
         get_op("linear_grad_input").infer([_r(4, 5), _r(6, 3)], {})

@@ -213,8 +213,18 @@ def _grad_sum_kernel(xs: Sequence[torch.Tensor], a: dict) -> tuple[torch.Tensor]
     return (out.squeeze(squeeze) if squeeze else out,)
 
 
+def _grad_sum_into(xs: Sequence[torch.Tensor], a: dict, out: torch.Tensor) -> None:
+    x = xs[0]
+    dims = _norm_dims(a["dims"], x.ndim)
+    if not dims:
+        out.copy_(x.reshape(out.shape))
+        return
+    kept = tuple(1 if i in dims else s for i, s in enumerate(x.shape))  # the kept-dims shape of the sum
+    torch.sum(x, dim=dims, keepdim=True, out=out.view(kept))
+
+
 GRAD_SUM = define(OpDef(
-    "grad_sum", _grad_sum_infer, _grad_sum_sigs, _grad_sum_kernel, ew_flops(1),
+    "grad_sum", _grad_sum_infer, _grad_sum_sigs, _grad_sum_kernel, ew_flops(1), kernel_into=_grad_sum_into,
     doc="Sum a gradient back to an operand's shape: sum over dims (kept), then drop the squeeze dims. "
         "A split reduced dim gives P: the addends are summed by whoever needs the whole.",
 ))

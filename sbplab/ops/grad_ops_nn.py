@@ -62,10 +62,16 @@ def _lgw_kernel(xs: Sequence[torch.Tensor], a: dict) -> tuple[torch.Tensor]:
     return (g.reshape(-1, g.shape[-1]).T @ x.reshape(-1, x.shape[-1]),)
 
 
+def _lgw_into(xs: Sequence[torch.Tensor], a: dict, out: torch.Tensor) -> None:
+    g, x = xs  # (..., n), (..., k) -> out (n, k)
+    torch.mm(g.reshape(-1, g.shape[-1]).T, x.reshape(-1, x.shape[-1]), out=out)
+
+
 LINEAR_GRAD_WEIGHT = define(OpDef(
     "linear_grad_weight", _lgw_infer, _lgw_sigs, _lgw_kernel,
     lambda ins, outs, a: 2 * numel(ins[0].shape) * ins[1].shape[-1],
     doc="dw = g^T @ x over all batch dims; batch-split g and x give a partial-sum P weight gradient.",
+    kernel_into=_lgw_into,
 ))
 
 

@@ -39,10 +39,12 @@ def _update_sigs(n_tensors: int, n_out: int, scalar_tail: int = 0):
     return sigs
 
 
+# SGD is written as torch.optim's single-tensor code writes it (``add`` with ``alpha``): the same bits,
+# and one pass over the parameter with one new tensor, not two (a temporary for ``lr * d``).
 def _sgd(xs: Sequence[torch.Tensor], a: dict) -> tuple[torch.Tensor]:
     p, g = xs
-    d = g + a["weight_decay"] * p if a.get("weight_decay") else g
-    return (p - a["lr"] * d,)
+    d = torch.add(g, p, alpha=a["weight_decay"]) if a.get("weight_decay") else g
+    return (torch.add(p, d, alpha=-a["lr"]),)
 
 
 SGD = define(OpDef(
@@ -53,10 +55,10 @@ SGD = define(OpDef(
 
 def _sgd_momentum(xs: Sequence[torch.Tensor], a: dict) -> tuple[torch.Tensor, torch.Tensor]:
     p, g, buf = xs
-    d = g + a["weight_decay"] * p if a.get("weight_decay") else g
+    d = torch.add(g, p, alpha=a["weight_decay"]) if a.get("weight_decay") else g
     buf = buf * a["momentum"] + d  # dampening 0: the first step gives buf = d, as torch does
-    d = d + a["momentum"] * buf if a.get("nesterov") else buf
-    return p - a["lr"] * d, buf
+    d = torch.add(d, buf, alpha=a["momentum"]) if a.get("nesterov") else buf
+    return torch.add(p, d, alpha=-a["lr"]), buf
 
 
 SGD_MOMENTUM = define(OpDef(

@@ -88,6 +88,7 @@ SignaturesFn = Callable[[Sequence[TensorMeta], dict], list[Signature]]
 KernelFn = Callable[[Sequence[torch.Tensor], dict], Sequence[torch.Tensor]]
 FlopsFn = Callable[[Sequence[TensorMeta], Sequence[TensorMeta], dict], int]
 LocalizeFn = Callable[[dict, LocalContext], dict]
+IntoFn = Callable[[Sequence[torch.Tensor], dict, torch.Tensor], None]
 
 
 def _no_localize(attrs: dict, ctx: LocalContext) -> dict:
@@ -110,6 +111,8 @@ class OpDef:
       vocabulary offset, a mean's global count).
     - ``flops(in_metas, out_metas, attrs)`` -> floating point operations of the global op.
     - ``grad``: filled by the compiler: builds the backward ops of this op in a graph.
+    - ``kernel_into(local_inputs, local_attrs, out)``, optional, one-output ops only: the kernel's
+      result written into ``out`` (a view of a gradient bucket), bit for bit what ``kernel`` returns.
     """
 
     name: str
@@ -120,6 +123,7 @@ class OpDef:
     localize: LocalizeFn = _no_localize
     grad: Callable[..., Any] | None = None
     variadic: bool = False  # inputs are a list of any length (concat)
+    kernel_into: IntoFn | None = None
     doc: str = ""
 
     def bytes_moved(self, ins: Sequence[TensorMeta], outs: Sequence[TensorMeta]) -> int:

@@ -86,6 +86,13 @@ class RankPlan:
             if upd is not None and by_name[upd.actor].out_scope != "step":
                 raise PlanError(f"rank {self.rank}: state {a.name!r} is updated by {upd!r}, which is "
                                 f"produced per micro-batch; updates must be step-scope")
+            into = getattr(a, "into", None)
+            if into is not None:
+                guard = by_name.get(into.pool)
+                if guard is None or guard.num_outputs == 0 or guard.out_scope != a.out_scope:
+                    raise PlanError(f"rank {self.rank}: actor {a.name!r} writes into the buffers of "
+                                    f"{into.pool!r}, which must be an actor on this rank with outputs of the "
+                                    f"same scope ({a.out_scope})")
 
     @property
     def comm_actors(self) -> list[Actor]:

@@ -7,9 +7,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .buffers import BufferPools
 from .specs import Accumulate, Actor, Compute, PlanError, Sink, Source, State, materialize
 
 Kernel = Callable[[list, dict], Sequence[torch.Tensor]]
+Into = Callable[[list, dict, torch.Tensor], None]
 
 
 def resolve_kernel(op: str) -> Kernel:
@@ -25,6 +27,16 @@ def resolve_kernel(op: str) -> Kernel:
     return get_op(op).kernel
 
 
+def resolve_into(op: str) -> Into | None:
+    """The kernel's way to write its one output into a given tensor (``OpDef.kernel_into``, or a plain
+    kernel's ``into`` attribute), or None: it only returns tensors of its own."""
+    if ":" in op:
+        return getattr(resolve_kernel(op), "into", None)
+    from ..ops import get_op
+
+    return get_op(op).kernel_into
+
+
 class Behaviour:
     """Per-actor state during one run; ``fire(k, inputs)`` returns the outputs (maybe none)."""
 
@@ -36,19 +48,34 @@ class Behaviour:
 
 
 class ComputeB(Behaviour):
-    def __init__(self, actor: Compute, micro: int, steps: int, device: torch.device) -> None:
+    def __init__(self, actor: Compute, micro: int, steps: int, device: torch.device,
+                 views: list[torch.Tensor] | None = None) -> None:
         super().__init__(actor, micro, steps, device)
         self.kernel = resolve_kernel(actor.op)
         self.attrs = dict(actor.attrs)
         self.n = actor.outputs
+        self.views = views  # ``into``: the output's view in each buffer of its pool
+        self.into = resolve_into(actor.op) if views else None
 
     def fire(self, k, inputs):
+        views = self.views
+        if views is not None:  # output k lives in buffer k % count (``buffers.py``)
+            return self._into(views[k % len(views)], inputs)
         out = self.kernel(inputs, self.attrs)
-        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if type(out) is not tuple:
+            out = tuple(out) if isinstance(out, list) else (out,)
         if len(out) != self.n:
             raise PlanError(f"op {self.actor.op!r} returned {len(out)} tensors but actor "  # type: ignore
                             f"{self.actor.name!r} declares outputs={self.n}")
         return out
+
+    def _into(self, out: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor]:
+        if self.into is not None:
+            self.into(inputs, self.attrs, out)
+        else:  # a kernel that cannot write in place: its result is copied there
+            res = self.kernel(inputs, self.attrs)
+            out.copy_(res[0] if isinstance(res, (tuple, list)) else res)
+        return (out,)
 
 
 class SourceB(Behaviour):
@@ -86,13 +113,21 @@ class StateB(Behaviour):
 
 
 class AccumulateB(Behaviour):
-    def __init__(self, actor: Accumulate, micro, steps, device) -> None:
+    def __init__(self, actor: Accumulate, micro, steps, device, views: list[torch.Tensor] | None = None) -> None:
         super().__init__(actor, micro, steps, device)
         self.buf: list[torch.Tensor] | None = None
+        self.views = views  # ``into``: accumulate in the step's buffer of the pool, not a fresh one
 
     def fire(self, k, inputs):
         scale = self.actor.scale  # type: ignore[attr-defined]
-        if k % self.micro == 0:
+        if k % self.micro == 0 and self.views is not None:
+            buf = self.views[(k // self.micro) % len(self.views)]
+            if scale == 1.0:
+                buf.copy_(inputs[0])
+            else:
+                torch.mul(inputs[0], scale, out=buf)
+            self.buf = [buf]
+        elif k % self.micro == 0:
             self.buf = [x.clone() if scale == 1.0 else x * scale for x in inputs]
         else:
             for b, x in zip(self.buf, inputs):  # type: ignore[arg-type]
@@ -106,10 +141,13 @@ class AccumulateB(Behaviour):
 
 
 def make_behaviour(a: Actor, micro: int, steps: int, device: torch.device,
-                   feeds: dict[str, list[torch.Tensor]]) -> Behaviour | None:
-    """None for communication actors (the comm lane runs those)."""
+                   feeds: dict[str, list[torch.Tensor]], pools: BufferPools | None = None) -> Behaviour | None:
+    """None for communication actors (the comm lane runs those); ``pools`` holds the buffers of actors
+    that write ``into`` one."""
+    into = getattr(a, "into", None)
+    views = pools.views(into) if into is not None and pools is not None else None
     if isinstance(a, Compute):
-        return ComputeB(a, micro, steps, device)
+        return ComputeB(a, micro, steps, device, views)
     if isinstance(a, Source):
         if a.feed not in feeds:
             raise PlanError(f"source {a.name!r} reads feed {a.feed!r}, which the batches do not have; "
@@ -120,5 +158,5 @@ def make_behaviour(a: Actor, micro: int, steps: int, device: torch.device,
     if isinstance(a, State):
         return StateB(a, micro, steps, device)
     if isinstance(a, Accumulate):
-        return AccumulateB(a, micro, steps, device)
+        return AccumulateB(a, micro, steps, device, views)
     return None

@@ -24,6 +24,7 @@ from ..hardware import OpKey, op_key
 from ..ops.registry import TensorMeta
 from .actor_plan import ActorPlan
 from .actors import resolve_kernel
+from .buffers import BufferSlot
 from .calibration_common import NOOP, WARMUP_STEPS, gate, median, run_measurement, tick, tock
 from .specs import Accumulate, Actor, Compute, State
 
@@ -47,6 +48,7 @@ class OpInstance:
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     outputs: int = 1
     accumulate: tuple[str, float] | None = None
+    into: BufferSlot | None = field(default=None, compare=False, hash=False)  # writes into a run's buffer
 
     @property
     def nbytes(self) -> int:
@@ -91,8 +93,8 @@ def _instance(a: Compute | Accumulate, ins: Sequence[TensorMeta], outs: Sequence
     dtype = metas[0].dtype if metas else "float32"
     key = op_key(a.label, [m.shape for m in ins], dtype, device_type)
     if isinstance(a, Accumulate):
-        return OpInstance(key, a.label, tuple(ins), outputs=len(ins), accumulate=(a.reduce, a.scale))
-    return OpInstance(key, a.op, tuple(ins), dict(a.attrs), a.outputs)
+        return OpInstance(key, a.label, tuple(ins), outputs=len(ins), accumulate=(a.reduce, a.scale), into=a.into)
+    return OpInstance(key, a.op, tuple(ins), dict(a.attrs), a.outputs, into=a.into)
 
 
 def random_input(meta: TensorMeta, gen: torch.Generator) -> torch.Tensor:
@@ -137,12 +139,15 @@ def profile_plan(insts: Sequence[tuple[OpInstance, list[torch.Tensor]]], n: int,
     for j, (inst, xs) in enumerate(insts):
         names = [f"in{j}_{k}" for k in range(len(xs))]
         acts += [State(nm, init=x) for nm, x in zip(names, xs)]
+        # an op that writes into a run's buffer is timed doing so, in a buffer of its own
+        into = None if inst.into is None else BufferSlot(f"op{j}", 0, inst.into.shape, inst.into.dtype)
         if inst.accumulate is not None:
             reduce, scale = inst.accumulate
-            acts.append(Accumulate(f"op{j}", inputs=tuple(names), reduce=reduce, scale=scale, registers=1))
+            acts.append(Accumulate(f"op{j}", inputs=tuple(names), reduce=reduce, scale=scale, registers=1,
+                                   into=into))
         else:
             acts.append(Compute(f"op{j}", op=inst.op, attrs=dict(inst.attrs), inputs=tuple(names),
-                                outputs=inst.outputs, scope="step", registers=1))
+                                outputs=inst.outputs, scope="step", registers=1, into=into))
     micro = 2 if any(inst.accumulate for inst, _ in insts) else 1
     return ActorPlan.build(n, {0: acts}, device_type=device_type, micro_batches=micro, name="calibrate-ops")
 

@@ -24,8 +24,9 @@ from ..boxing.bucket_kernels import pack_bucket
 from ..boxing.kinds import kernel_ref, kind_of
 from .actor_plan import RankPlan
 from .actors import make_behaviour
+from .buffers import BufferPools
 from .comm import Comm
-from .firing import MODES, PER_STEP, SAME, FiringGraph
+from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph
 from .lanes import CommFailure, CommLane, Streams
 from .specs import Accumulate, Collective, Recv, Sink, State
 
@@ -63,6 +64,14 @@ class ActorFailure(Exception):
 StepReport = Callable[[int, dict[str, list[torch.Tensor]]], None]
 
 
+def _pools(actors: list, device: torch.device) -> BufferPools:
+    """The run's shared buffers (gradient buckets): made once, reused every step; one per register of
+    the actor guarding each pool."""
+    slots = [a.into for a in actors if getattr(a, "into", None) is not None]
+    by_name = {a.name: a for a in actors} if slots else {}
+    return BufferPools(slots, {s.pool: by_name[s.pool].registers for s in slots}, device)
+
+
 class Executor:
     """``on_step(step, loss_values)`` is called on this thread as each step finishes on this rank, with
     the values of the step's "loss" sinks (sink name -> one tensor per firing of the step)."""
@@ -76,7 +85,8 @@ class Executor:
         for mod in spec.imports:
             importlib.import_module(mod)
         self.graph = FiringGraph(rp.actors, spec.micro_batches, spec.steps)
-        self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds)
+        self.pools = _pools(rp.actors, device)
+        self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds, self.pools)
                            for a in rp.actors]
         self.order = [(self.graph.names[n], m) for n, m in spec.order]
         # per actor, the registers it reads: (producer, output index, mode code)
@@ -97,6 +107,10 @@ class Executor:
         self.node_steps = [0] * len(rp.actors)
         self.step_nodes = [0] * (spec.steps + 1)
         self.steps_reported = 0
+        # read at every firing: kept as plain lists rather than asked of the actor specs each time
+        self.n_outputs = [a.num_outputs for a in rp.actors]
+        self.tracing, self.cuda = spec.trace, self.streams.cuda
+        self.micro_scope = [a.scope == "micro" for a in rp.actors]
         self.loss_sinks = [(a.name, b) for a, b in zip(rp.actors, self.behaviours)
                            if isinstance(a, Sink) and a.key == "loss"]
 
@@ -137,16 +151,17 @@ class Executor:
 
     def _store(self, i: int, k: int, outs: tuple | None, ev: Any) -> list[int]:
         g = self.graph
-        o = g.out_number(g.nodes[i], k)
+        node = g.nodes[i]
+        reg = node.reg
+        o = k if reg == REG_FIRING else None if reg == REG_NONE else g.out_number(node, k)
         if o is not None:
-            if outs is None or len(outs) != g.nodes[i].actor.num_outputs:
-                raise RuntimeError(f"actor {g.nodes[i].actor.name!r} produced no output for firing {k}")
+            if outs is None or len(outs) != self.n_outputs[i]:
+                raise RuntimeError(f"actor {node.actor.name!r} produced no output for firing {k}")
             self.outs[i][o] = outs
             if ev is not None:
                 self.events[i][o] = ev
         touched = g.finish(i, k)
-        node = g.nodes[i]
-        s = node.done_upto // g.micro if node.actor.scope == "micro" else min(node.done_upto, g.steps)
+        s = node.done_upto // g.micro if self.micro_scope[i] else min(node.done_upto, g.steps)
         if s > self.node_steps[i]:
             for t in range(self.node_steps[i], s):
                 self.step_nodes[t] += 1
@@ -189,27 +204,28 @@ class Executor:
         g, spec, lane = self.graph, self.spec, self.lane
         ready: list[tuple[int, int, int]] = []  # (step, micro, actor): oldest step and micro-batch first
         queued = set()
-        per_micro = [n.actor.lane != "comm" and n.actor.scope == "micro" for n in g.nodes]
-        per_step = [n.actor.lane != "comm" and n.actor.scope != "micro" for n in g.nodes]
-        M = g.micro
+        # per actor: 0 runs on the comm lane (posted in order below), 1 per micro-batch, 2 per step
+        lane_of = [0 if n.actor.lane == "comm" else 1 if n.actor.scope == "micro" else 2 for n in g.nodes]
+        M, nodes, can_fire, push = g.micro, g.nodes, g.can_fire, heapq.heappush
 
         def consider(i: int) -> None:
-            if i in queued or not (per_micro[i] or per_step[i]) or not g.can_fire(i):
+            if i in queued or not lane_of[i] or not can_fire(i):
                 return
-            k = g.nodes[i].started
-            heapq.heappush(ready, (k // M, k % M, i) if per_micro[i] else (k, -1, i))
+            k = nodes[i].started
+            push(ready, (k // M, k % M, i) if lane_of[i] == 1 else (k, -1, i))
             queued.add(i)
 
         for i in range(len(g.nodes)):
             consider(i)
         cstep, cpos = 0, 0
-        while not g.finished():
+        order, steps = self.order, (spec.steps if self.order else 0)
+        while g.unfinished:
             if self.stopped:
                 raise RuntimeError("run stopped by the driver")
-            while cstep < spec.steps and self.order:  # communication, strictly in order
-                i, m = self.order[cpos]
-                n = g.nodes[i]
-                if not g.can_fire(i):
+            while cstep < steps:  # communication, strictly in order
+                i, m = order[cpos]
+                n = nodes[i]
+                if not can_fire(i):
                     break
                 k = g.start(i)
                 x, evs = self._inputs(i, k)
@@ -217,9 +233,9 @@ class Executor:
                     self.activity[2], self.activity[3] = i + 1, k
                 lane.post(i, k, n.actor, m, x[0] if x else None, evs[0] if evs else None, self.inplace[i])
                 cpos += 1
-                if cpos == len(self.order):
+                if cpos == len(order):
                     cpos, cstep = 0, cstep + 1
-            done = lane.ready()
+            done = lane.ready() if lane.pollable else None
             if done:  # completions first: they may let more communication go out
                 for c in done:
                     self._complete(c, consider)
@@ -256,7 +272,7 @@ class Executor:
         self.compute_inflight = (i, k, t0)
         sev = ev = None
         try:
-            if self.streams.cuda:
+            if self.cuda:
                 sev, outs, ev = self._fire_on_stream(b, k, xs, evs)  # type: ignore[arg-type]
             else:
                 outs = b.fire(k, xs)  # type: ignore[union-attr]
@@ -265,7 +281,7 @@ class Executor:
             raise ActorFailure(self.rank, a.name, a.label, k, traceback.format_exc()) from e
         t1 = time.perf_counter_ns()
         self.compute_inflight = None
-        if self.spec.trace:
+        if self.tracing:
             self.trace.append((i, k, COMPUTE, t0, t1, 0))
             if sev is not None:
                 self.cuda_timing.append((len(self.trace) - 1, sev, ev))

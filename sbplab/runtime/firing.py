@@ -7,7 +7,9 @@ Each actor fires ``total`` times per run, in order. Firing ``k`` may start when
   output k - 1), and
 - if firing k produces output o, fewer than ``registers`` outputs are alive: o < released + registers,
   where ``released`` counts the outputs every consumer has acked (acks arrive in order per consumer,
-  so releases are in order too).
+  so releases are in order too);
+- if it writes output o into a shared buffer (``into``, see ``buffers.py``), the buffer's guard has
+  released output o - registers of the guard, the last one that used the same buffer.
 
 Finishing a firing produces its output (in order, even if comm firings complete out of order) and
 acks the registers it read. The counters never decrease, so whether an actor can fire only ever
@@ -44,6 +46,8 @@ class Node:
     deps: list[tuple[Node, int]] = field(default_factory=list)
     reg: int = 0
     regs: int = 1
+    guard: Node | None = None  # the actor whose released registers free the buffer this one writes into
+    guarded: list[int] = field(default_factory=list)  # actors writing into buffers this one guards
 
 
 SAME, PER_STEP, LAG = 0, 1, 2
@@ -94,6 +98,10 @@ class FiringGraph:
                 deps.append((prod, LAG))
                 prod.needed_acks += 1
                 prod.consumers.append(node.index)
+            into = getattr(a, "into", None)
+            if into is not None:
+                node.guard = nodes[names[into.pool]]
+                node.guard.guarded.append(node.index)
         self.unfinished = sum(1 for n in nodes if n.done_upto < n.total)  # kept by ``finish``
 
     # --- what firing k reads and writes ----------------------------------------------------------
@@ -141,6 +149,9 @@ class FiringGraph:
             elif k >= 1 and prod.produced <= k - 1:  # LAG
                 return False
         reg = node.reg
+        guard = node.guard
+        if guard is not None and (k // self.micro if reg == REG_STEP else k) >= guard.released + guard.regs:
+            return False
         if reg == REG_NONE or (reg == REG_STATE and k >= self.steps):
             return True
         o = k // self.micro if reg == REG_STEP else k
@@ -159,6 +170,9 @@ class FiringGraph:
         o = self.register_number(node, k)
         if o is not None and o >= node.released + node.actor.registers:
             return f"a free register (all {node.actor.registers} held by unacked outputs)"
+        g = node.guard
+        if g is not None and o is not None and o >= g.released + g.regs:
+            return f"its shared buffer (output #{o - g.regs} of {g.actor.name} is not released yet)"
         return "ready"
 
     def start(self, i: int) -> int:
@@ -196,6 +210,7 @@ class FiringGraph:
                 node.produced = o + 1
                 if node.needed_acks == 0:
                     node.released = node.produced
+                    touched.extend(node.guarded)
                 touched.extend(node.consumers)
             for prod, mode in node.deps:  # ack what firing kk read (``in_number``, inlined)
                 if mode == SAME:
@@ -212,6 +227,8 @@ class FiringGraph:
                     del acks[prod.released]
                     prod.released += 1
                     touched.append(prod.index)
+                    if prod.guarded:
+                        touched.extend(prod.guarded)
         return touched
 
     def finished(self) -> bool:

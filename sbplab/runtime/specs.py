@@ -31,6 +31,7 @@ from ..boxing.kinds import collective_names, kind_of
 from ..errors import SbplabError
 from ..placement import Placement
 from ..sbp import Broadcast, NdSbp, Partial, Split, as_nd_sbp, fmt_sbp
+from .buffers import BufferSlot
 
 PHASES = ("forward", "backward", "update")
 SCOPES = ("micro", "step")
@@ -139,11 +140,14 @@ class Compute(Actor):
         for a plain kernel ``f(inputs: list[Tensor], attrs: dict) -> Sequence[Tensor]``.
     attrs: LOCAL attributes, already adapted to this rank's shard by the compiler.
     outputs: number of output tensors the kernel returns.
+    into: the kernel writes its one output into this slot of a shared buffer (``buffers.py``) instead
+        of a tensor of its own: a gradient written straight into its bucket.
     """
 
     op: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
     outputs: int = 1
+    into: BufferSlot | None = None
     kind: ClassVar[str] = "compute"
 
     def __post_init__(self) -> None:
@@ -153,6 +157,7 @@ class Compute(Actor):
         self.attrs = dict(self.attrs or {})
         if self.outputs < 0:
             raise PlanError(f"compute actor {self.name!r}: outputs must be >= 0, got {self.outputs}")
+        _check_into(self, self.outputs)
 
     @property
     def num_outputs(self) -> int:
@@ -386,10 +391,13 @@ class Accumulate(Actor):
 
     scale: a factor applied on the way in (OneFlow's acc with a scale, e.g. 1/M for a mean loss),
         so scaling and summing cost one pass over the data per micro-batch.
+    into: accumulate in this slot of a shared buffer (``buffers.py``) instead of a buffer of its own
+        (one input only): gradients accumulated straight into their bucket.
     """
 
     reduce: str = "sum"
     scale: float = 1.0
+    into: BufferSlot | None = None
     kind: ClassVar[str] = "accumulate"
 
     def __post_init__(self) -> None:
@@ -399,6 +407,7 @@ class Accumulate(Actor):
             raise PlanError(f"accumulate {self.name!r}: reduce must be sum or mean, got {self.reduce!r}")
         if not self.inputs:
             raise PlanError(f"accumulate {self.name!r} needs at least one input")
+        _check_into(self, len(self.inputs))
 
     @property
     def num_outputs(self) -> int:
@@ -414,6 +423,17 @@ class Accumulate(Actor):
 
 
 COMM_KINDS = (Collective, Send, Recv)
+
+
+def _check_into(a: Actor, outputs: int) -> None:
+    into = a.into  # type: ignore[attr-defined]
+    if into is None:
+        return
+    if not isinstance(into, BufferSlot):
+        raise PlanError(f"actor {a.name!r}: into must be a BufferSlot, got {into!r}")
+    if outputs != 1:
+        raise PlanError(f"actor {a.name!r} writes into {into.pool!r}'s buffer, so it must have exactly one "
+                        f"output, got {outputs}")
 
 
 def describe(a: Actor) -> str:

@@ -54,10 +54,11 @@ def _flops(name: str, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...],
 
 
 @functools.cache
-def _views_only(op: str) -> bool:
-    """A plain kernel marked ``views_only`` (a gradient bucket's unpack) returns views of its input:
-    no bytes move, only the firing overhead is paid."""
-    return ":" in op and bool(getattr(kernel_of(op), "views_only", False))
+def _moved_rule(op: str):
+    """A plain kernel's own count of the bytes it moves, ``moved_bytes(in_bytes, attrs) -> int | None``
+    (a bucket's unpack returns views: 0; its pack copies only gradients not already in place), or None:
+    inputs plus outputs."""
+    return getattr(kernel_of(op), "moved_bytes", None) if ":" in op else None
 
 
 def _dtype(shapes: ActorShapes):
@@ -86,10 +87,10 @@ def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str)
     moved = sum(nbytes(m) for m in ins) + sum(nbytes(m) for m in outs)
     if isinstance(a, Compute):
         dtype = _dtype(shapes)
-        if _views_only(a.op):
-            moved = 0
+        rule = _moved_rule(a.op)
+        own = None if rule is None else rule([nbytes(m) for m in ins], a.attrs)
         key = op_key(a.op, [m.shape for m in ins], dtype or "float32", device_type)
-        t, measured = hw.op_time(key, _flops(a.op, ins, outs, a.attrs), moved, dtype)
+        t, measured = hw.op_time(key, _flops(a.op, ins, outs, a.attrs), moved if own is None else own, dtype)
         return FiringCost(t + over, measured, not measured, overhead=over)
     if isinstance(a, Accumulate):
         dtype = _dtype(shapes)

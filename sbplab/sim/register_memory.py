@@ -5,7 +5,9 @@ that same tensor, so it is counted once, as persistent. Every other register hol
 outputs from the start of the firing that produces them (the kernel allocates them, a posted
 receive has its buffer) until every consumer has acked them (the runtime then drops them), which
 is exactly the FiringGraph's ``released`` counter in the simulation. An Accumulate's buffer lives
-from the first micro-batch of a step to its release.
+from the first micro-batch of a step to its release. An actor that writes ``into`` a shared buffer (a
+gradient bucket's, ``runtime.buffers``) allocates nothing: the buffers are persistent gradients, one
+per register of the actor guarding them.
 
 Categories: ``parameters`` (States read by forward or backward actors, and the next values an update
 computes for them), ``optimizer state`` (States only the update reads, and their next values),
@@ -77,12 +79,19 @@ def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[i
         cats = categories(acts)
         base = dict.fromkeys(CATEGORIES, 0)
         rows = []
+        pools: dict[str, int] = {}
         for a in acts:
             sizes = [nbytes(m) for m in shapes[r][a.name].outputs]
             if isinstance(a, State):
                 base[cats[(a.name, 0)]] += sum(sizes)
                 sizes = []  # its register is the persistent tensor itself
+            into = getattr(a, "into", None)
+            if into is not None:  # a view of the run's buffer
+                pools[into.pool] = max(pools.get(into.pool, 0), into.end * into.dtype.itemsize)
+                sizes = []
             rows.append([(nb, cats[(a.name, j)]) for j, nb in enumerate(sizes) if nb])
+        regs = {a.name: a.registers for a in acts}
+        base["gradients"] += sum(nb * regs[pool] for pool, nb in pools.items())
         persistent[r], out_bytes[r] = base, rows
     deltas: dict[int, list[tuple[float, int, int, str]]] = {r: [] for r in actors}
     for j in range(len(firings.reg_rank)):

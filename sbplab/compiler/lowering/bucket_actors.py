@@ -1,5 +1,8 @@
 """One bucket on one rank as actors: ``pack`` (its gradients into a flat buffer), one collective on
-that buffer, and ``unpack`` (a view per gradient). See ``boxing.bucket_kernels`` for the layout."""
+that buffer, and ``unpack`` (a view per gradient). See ``boxing.bucket_kernels`` for the layout.
+
+An all-reduce bucket's pack writes ``into`` a buffer the run keeps (one per register of the unpack,
+which guards its reuse); ``bucket_views`` then lets the gradients' producers write there themselves."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from ...boxing.bucket_kernels import pack_bucket, unpack_bucket
 from ...boxing.kinds import kernel_ref, kind_of
 from ...boxing.kinds.collective_kind import rest_of
 from ...layout import numel
+from ...runtime.buffers import BufferSlot
 from ...runtime.specs import Actor, Collective, Compute, Ref
 
 if TYPE_CHECKING:
@@ -27,9 +31,15 @@ def bucket_actors(b: Bucket, members: list[PhysNode], inputs: list[Ref], graph: 
     kws = [kind.collective_attrs(m.attrs["plan_step"], group, m.in_shapes[0], graph.tensors[m.logical].shape)
            for m in members]
     p, me = len(group), group.index(members[0].rank)
+    name = f"b{b.index}"
+    into = None
     if kind.bucket_layout == "flat":  # the flat concatenation: (sum of numels,)
-        pack: dict = {}
-        flat = (sum(numel(m.in_shapes[0]) for m in members),)
+        counts = [numel(m.in_shapes[0]) for m in members]
+        offsets = tuple(sum(counts[:i]) for i in range(len(members)))
+        flat = (sum(counts),)
+        pack: dict = dict(offsets=offsets, shapes=tuple(tuple(m.in_shapes[0]) for m in members),
+                          in_place=(False,) * len(members))
+        into = BufferSlot(f"{name}.unpack", 0, flat, members[0].out_dtypes[0])
         coll: dict = dict(reduce_op=kws[0]["reduce_op"])
     else:  # reduce-scatter: p equal regions, region j = every gradient's piece j
         dims = tuple(kw["dim"] for kw in kws)
@@ -39,13 +49,15 @@ def bucket_actors(b: Bucket, members: list[PhysNode], inputs: list[Ref], graph: 
         pack = dict(dims=dims, sizes=sizes, region=region)
         flat = (p * region,)
         coll = dict(reduce_op=kws[0]["reduce_op"], dim=0, sizes=(region,) * p)
-    name = f"b{b.index}"
+    # A flat bucket's buffers are one per register of its unpack: one, as DDP keeps one bucket. It costs
+    # no overlap: the next step's gradients need the parameters this step's update computes from them.
+    unpack_common = {**common, "registers": 1} if into is not None else common
     c = Collective(name, kind_=kind.name, group=group, inputs=(Ref(f"{name}.pack"),),
                    order=members[-1].collective or 0, mesh_axis=step.mesh_axis, **coll, **common)
     c.bytes_sent = kind.actor_bytes(c, me, flat, members[0].out_dtypes[0].itemsize)
     return [
-        Compute(f"{name}.pack", op=kernel_ref(pack_bucket), attrs=pack, inputs=tuple(inputs), **common),
+        Compute(f"{name}.pack", op=kernel_ref(pack_bucket), attrs=pack, inputs=tuple(inputs), into=into, **common),
         c,
         Compute(f"{name}.unpack", op=kernel_ref(unpack_bucket), attrs=dict(shapes=tuple(m.out_shapes[0] for m in members)),
-                inputs=(Ref(name),), outputs=len(members), **common),
+                inputs=(Ref(name),), outputs=len(members), **unpack_common),
     ]

@@ -43,6 +43,7 @@ from ...runtime.specs import (
 )
 from ..deduction.strategy import DEFAULT_BUCKET_MB
 from .bucket_actors import bucket_actors
+from .bucket_views import gradients_into_buckets
 from .buckets import plan_buckets
 
 if TYPE_CHECKING:
@@ -284,6 +285,8 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
         lw.node(n)
     lw.updates()
     lw.sinks(outputs)
+    for actors in lw.actors.values():
+        gradients_into_buckets(actors)
     device = phys.loss_placement.device_type
     size = world_size or (max(phys.ranks) + 1)
     # no ``imports``: workers only run kernels, and every op (gradient and optimizer ops too) is
