@@ -10,9 +10,7 @@ turns the kind's time into exact integer ticks for the route search.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
@@ -22,6 +20,7 @@ from ..layout import LayoutError, check_layout
 from ..placement import Placement
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split
 from .kinds import KINDS, StepKind, kind_of, kinds_between, on_change
+from .ticks import kind_rate, time_scale
 
 
 def transition_kind(a: SbpParallel, b: SbpParallel) -> str | None:
@@ -119,50 +118,18 @@ def ring_bytes(kind: str, p: int, i: int, T: int, chunks: list[int]) -> tuple[in
 RING_STEPS = {name: k.rounds(2) for name, k in KINDS.items() if k.is_collective}  # x (p - 1)
 
 
-@lru_cache(maxsize=64)
-def time_scale(hardware: Hardware) -> int:
-    """Ticks per second such that every alpha-beta time on ``hardware`` is a whole number of ticks.
-
-    Search keys add integer ticks: exact (a reduce-scatter plus an all-gather ties with an
-    all-reduce, as the model says, and the tie-break on bytes then steps decides, not rounding noise)
-    and much faster to add than Fractions. Measured per-kind fits count too.
-    """
-    lats = [*hardware.axis_latency, hardware.p2p_latency, *(f.alpha for f in hardware.comm_fits)]
-    bws = [*hardware.axis_bandwidth, hardware.p2p_bandwidth, hardware.mem_bandwidth,
-           *(f.bandwidth for f in hardware.comm_fits)]
-    dens = [Fraction(x).denominator for x in lats] + [(1 / Fraction(x)).denominator for x in bws]
-    return math.lcm(*dens)
-
-
-def ticks(hardware: Hardware, latency: float, steps: int, nbytes: int, bandwidth: float) -> int:
-    """``latency * steps + nbytes / bandwidth`` (Hardware.ring_time) in exact ticks of time_scale."""
-    t = (Fraction(latency) * steps + Fraction(nbytes) / Fraction(bandwidth)) * time_scale(hardware)
-    assert t.denominator == 1
-    return t.numerator
-
-
-def kind_ticks(kind: StepKind, hardware: Hardware, axis: int | None, group_size: int, nbytes: int,
-               messages: int = 1) -> int:
-    """``kind.duration(...)`` in exact ticks: the same alpha-beta figures, added without rounding."""
-    if kind.moves_data and group_size <= 1:
-        return 0
-    alpha, bw = kind.alpha_beta(hardware, axis, group_size)
-    return ticks(hardware, alpha, kind.rounds(group_size, messages), nbytes, bw)
-
-
-def _kind_cost(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
-               new: SbpParallel, itemsize: int, hardware: Hardware) -> EdgeCost:
-    sent, recv, busy = _kind_bytes(kind, shape, mesh_shape, whole, axis, old, new, itemsize)
-    t = kind_ticks(kind, hardware, axis, mesh_shape[axis], busy)
-    op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
-    return EdgeCost(kind.name, sent, recv, t, t / time_scale(hardware), op)
+@lru_cache(maxsize=1024)
+def step_kinds(old: SbpParallel, new: SbpParallel) -> tuple[StepKind, ...]:
+    """``kinds_between``, asked once per pair: every priced step asks it."""
+    return kinds_between(old, new)
 
 
 @lru_cache(maxsize=65536)
 def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
-                new: SbpParallel, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """(bytes sent, bytes received per mesh coordinate, the busiest one's bytes) of one kind's step: no
-    hardware in it, so every hardware view of a mesh shape (links mapped either way) shares it."""
+                new: SbpParallel, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
+    """(bytes sent, bytes received per mesh coordinate, the busiest one's bytes, bytes sent by all) of
+    one kind's step: no hardware in it, so every hardware view of a mesh shape (links mapped either
+    way) shares it."""
     p = mesh_shape[axis]
     # a coordinate's piece depends only on the axes that split it, its bytes on that and its place on
     # ``axis``: each distinct one is asked once, then spread over the mesh (row-major, as np.ndindex)
@@ -171,7 +138,34 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old:
     for coord in np.ndindex(*per.shape[:-1]):
         per[coord] = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
     every = np.broadcast_to(per, tuple(mesh_shape) + (3,)).reshape(-1, 3) * itemsize
-    return tuple(every[:, 0].tolist()), tuple(every[:, 1].tolist()), int(every[:, 2].max())
+    sent = tuple(every[:, 0].tolist())
+    return sent, tuple(every[:, 1].tolist()), int(every[:, 2].max()), sum(sent)
+
+
+def _cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
+              itemsize: int, hardware: Hardware, kinds: tuple[StepKind, ...]) -> tuple[tuple[int, int, int], int]:
+    """(search key, index in ``kinds``) of the cheapest kind: least time, then bytes sent by all ranks;
+    the first kind wins a tie (registration order). Plain integers: a search prices every step it
+    relaxes this way and builds no ``EdgeCost``."""
+    old = state[axis]
+    whole = state[:axis] + (B,) + state[axis + 1:]  # the group's piece
+    p = mesh_shape[axis]
+    best: tuple[int, int, int] | None = None
+    at = 0
+    for n, kind in enumerate(kinds):
+        _, _, busy, total = _kind_bytes(kind, shape, mesh_shape, whole, axis, old, new, itemsize)
+        rate = kind_rate(kind, hardware, axis, p)
+        key = (0 if rate is None else rate(kind.rounds(p), busy), total, 1)
+        if best is None or key < best:
+            best, at = key, n
+    assert best is not None
+    return best, at
+
+
+def step_key(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
+             itemsize: int, hardware: Hardware) -> tuple[int, int, int]:
+    """``edge_cost(...).key`` of a step the caller knows is valid (a kind does it and it nests)."""
+    return _cheapest(shape, mesh_shape, state, axis, new, itemsize, hardware, step_kinds(state[axis], new))[0]
 
 
 @lru_cache(maxsize=262144)
@@ -180,12 +174,15 @@ def edge_cost(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
     """Exact cost of changing ``state[axis]`` to ``new`` with the cheapest kind that does it; None if
     no valid one-axis step does it."""
     old = state[axis]
-    kinds = kinds_between(old, new)
+    kinds = step_kinds(old, new)
     if not kinds or step_problem(state, axis, new) is not None:
         return None
-    whole = state[:axis] + (B,) + state[axis + 1:]  # the group's piece
-    costs = [_kind_cost(k, shape, mesh_shape, whole, axis, old, new, itemsize, hardware) for k in kinds]
-    return min(costs, key=lambda c: c.key)
+    key, at = _cheapest(shape, mesh_shape, state, axis, new, itemsize, hardware, kinds)
+    kind = kinds[at]
+    sent, recv, _, _ = _kind_bytes(kind, shape, mesh_shape, state[:axis] + (B,) + state[axis + 1:], axis, old,
+                                   new, itemsize)
+    op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
+    return EdgeCost(kind.name, sent, recv, key[0], key[0] / time_scale(hardware), op)
 
 
 def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str) -> str:
@@ -194,4 +191,5 @@ def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str)
 
 
 on_change(edge_cost.cache_clear)
+on_change(step_kinds.cache_clear)
 on_change(_kind_bytes.cache_clear)
