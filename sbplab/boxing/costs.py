@@ -10,6 +10,7 @@ turns the kind's time into exact integer ticks for the route search.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -132,14 +133,15 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old:
     way) shares it."""
     p = mesh_shape[axis]
     # a coordinate's piece depends only on the axes that split it, its bytes on that and its place on
-    # ``axis``: each distinct one is asked once, then spread over the mesh (row-major, as np.ndindex)
-    rel = [a for a, x in enumerate(whole) if a == axis or isinstance(x, Split)]
-    per = np.zeros([mesh_shape[a] if a in rel else 1 for a in range(len(mesh_shape))] + [3], dtype=np.int64)
-    for coord in np.ndindex(*per.shape[:-1]):
+    # ``axis``: each distinct one is asked once, then spread over the mesh in row-major order (the
+    # other axes' coordinates read as 0); plain ints, as a handful of coordinates is all there is
+    spans = [range(n) if a == axis or isinstance(whole[a], Split) else (0,) * n for a, n in enumerate(mesh_shape)]
+    per: dict[tuple[int, ...], tuple[int, int, int]] = {}
+    for coord in itertools.product(*(sorted(set(s)) for s in spans)):
         per[coord] = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
-    every = np.broadcast_to(per, tuple(mesh_shape) + (3,)).reshape(-1, 3) * itemsize
-    sent = tuple(every[:, 0].tolist())
-    return sent, tuple(every[:, 1].tolist()), int(every[:, 2].max()), sum(sent)
+    every = [per[c] for c in itertools.product(*spans)]
+    sent = tuple(x[0] * itemsize for x in every)
+    return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)
 
 
 def _cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
