@@ -17,6 +17,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from .firing import FiringGraph
+from .schedule_uniform import derive_from_one, uniform_rank
 from .specs import PlanError
 
 if TYPE_CHECKING:
@@ -28,8 +29,19 @@ def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
 
     Ties go by priority (micro-batch of the firing, the actor's ``order``, its index on its rank):
     each rank's compute lane fires its lowest ready priority, and communication that became complete
-    in the same tick is issued lowest priority (then match key) first.
+    in the same tick is issued lowest priority (then match key) first. Where every rank runs the
+    same actors (``schedule_uniform``), one rank is simulated and the same order rebuilt from it.
     """
+    rep = uniform_rank(plan)
+    if rep is not None:
+        order = derive_from_one(plan, rep, steps)
+        if order is not None:
+            return order
+    return derive_all(plan, steps)
+
+
+def derive_all(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
+    """``derive_comm_order`` by simulating every rank (and the deadlock report where it is stuck)."""
     graphs = {r: FiringGraph(rp.actors, plan.micro_batches, steps) for r, rp in plan.ranks.items()}
     try:
         return _simulate(plan, graphs)

@@ -35,7 +35,7 @@ class PhysRef:
     out: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class PhysNode:
     """One op instance on one rank.
 
