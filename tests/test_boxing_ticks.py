@@ -16,7 +16,15 @@ from fractions import Fraction
 import pytest
 
 import sbplab as sl
-from sbplab.boxing.costs import _kind_bytes, edge_cost, state_ok, step_key, step_kinds, step_problem
+from sbplab.boxing.costs import (
+    _kind_bytes,
+    cheapest,
+    edge_cost,
+    state_ok,
+    step_kinds,
+    step_problem,
+    step_rates,
+)
 from sbplab.boxing.kinds import KINDS
 from sbplab.boxing.route import candidates
 from sbplab.boxing.ticks import kind_ticks, tick_rate, ticks, time_scale
@@ -99,7 +107,9 @@ def test_every_step_of_every_layout_is_priced_exactly(hw):
                 continue
             c = edge_cost(shape, mesh, state, axis, new, 4, hw)
             want = _reference_key(shape, mesh, state, axis, new, hw)
-            assert c.key == want == step_key(shape, mesh, state, axis, new, 4, hw)
+            kinds = step_kinds(state[axis], new)
+            assert c.key == want == cheapest(shape, mesh, state, axis, new, 4, kinds,
+                                             step_rates(kinds, hw, axis, mesh[axis]))[0]
             assert c.time_s == c.ticks / time_scale(hw)
             n += 1
     assert n > 500

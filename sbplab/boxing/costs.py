@@ -21,7 +21,7 @@ from ..layout import LayoutError, check_layout
 from ..placement import Placement
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split
 from .kinds import KINDS, StepKind, kind_of, kinds_between, on_change
-from .ticks import kind_rate, time_scale
+from .ticks import TickRate, kind_rate, time_scale
 
 
 def transition_kind(a: SbpParallel, b: SbpParallel) -> str | None:
@@ -144,11 +144,18 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old:
     return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)
 
 
-def _cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
-              itemsize: int, hardware: Hardware, kinds: tuple[StepKind, ...]) -> tuple[tuple[int, int, int], int]:
-    """(search key, index in ``kinds``) of the cheapest kind: least time, then bytes sent by all ranks;
-    the first kind wins a tie (registration order). Plain integers: a search prices every step it
-    relaxes this way and builds no ``EdgeCost``."""
+def step_rates(kinds: tuple[StepKind, ...], hardware: Hardware, axis: int,
+               group_size: int) -> tuple[TickRate | None, ...]:
+    """Each kind's tick rate on mesh ``axis`` (``ticks.kind_rate``), in the order of ``kinds``."""
+    return tuple([kind_rate(k, hardware, axis, group_size) for k in kinds])
+
+
+def cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
+             itemsize: int, kinds: tuple[StepKind, ...], rates: tuple[TickRate | None, ...]
+             ) -> tuple[tuple[int, int, int], int]:
+    """(search key, index in ``kinds``) of the cheapest kind (``rates``: ``step_rates`` of ``kinds``):
+    least time, then bytes sent by all ranks; the first kind wins a tie (registration order). Plain
+    integers: a search prices every step it relaxes this way and builds no ``EdgeCost``."""
     old = state[axis]
     whole = state[:axis] + (B,) + state[axis + 1:]  # the group's piece
     p = mesh_shape[axis]
@@ -156,18 +163,12 @@ def _cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
     at = 0
     for n, kind in enumerate(kinds):
         _, _, busy, total = _kind_bytes(kind, shape, mesh_shape, whole, axis, old, new, itemsize)
-        rate = kind_rate(kind, hardware, axis, p)
+        rate = rates[n]
         key = (0 if rate is None else rate(kind.rounds(p), busy), total, 1)
         if best is None or key < best:
             best, at = key, n
     assert best is not None
     return best, at
-
-
-def step_key(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
-             itemsize: int, hardware: Hardware) -> tuple[int, int, int]:
-    """``edge_cost(...).key`` of a step the caller knows is valid (a kind does it and it nests)."""
-    return _cheapest(shape, mesh_shape, state, axis, new, itemsize, hardware, step_kinds(state[axis], new))[0]
 
 
 @lru_cache(maxsize=262144)
@@ -179,7 +180,8 @@ def edge_cost(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
     kinds = step_kinds(old, new)
     if not kinds or step_problem(state, axis, new) is not None:
         return None
-    key, at = _cheapest(shape, mesh_shape, state, axis, new, itemsize, hardware, kinds)
+    key, at = cheapest(shape, mesh_shape, state, axis, new, itemsize, kinds,
+                       step_rates(kinds, hardware, axis, mesh_shape[axis]))
     kind = kinds[at]
     sent, recv, _, _ = _kind_bytes(kind, shape, mesh_shape, state[:axis] + (B,) + state[axis + 1:], axis, old,
                                    new, itemsize)

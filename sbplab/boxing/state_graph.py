@@ -3,10 +3,11 @@ valid one-axis steps between them with their exact search keys, built lazily as 
 
 A layout is a tuple of SBP objects, and hashing or comparing those runs Python code for every entry.
 Inside the graph a layout is therefore also coded as a tuple of small ints (an index per entry into
-the graph's list of SBPs), and every question a search asks of a step is answered from int-keyed
-tables: does a kind turn this entry into that one, do the later mesh axes let it nest, does the
-layout leave every rank a non-empty piece. Each question is put to the rules in ``costs.py`` once
-per graph and remembered; the answers (and the steps listed, in their order) are the rules' own.
+the graph's list of SBPs), and every question a search asks of a step is answered on codes: does a
+kind turn this entry into that one (asked of the kinds once per pair of entries and remembered),
+does the layout leave every rank a non-empty piece and do the later mesh axes let the step nest
+(``coded_rules``, the same rules as ``costs.py``'s). The steps listed, in their order, and the state
+numbers are exactly those of a search over SBP tuples.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 
 from ..hardware import Hardware
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split
-from .costs import state_ok, step_key, step_kinds, step_problem
+from .coded_rules import Code, EntryFacts, code_nests, code_ok
+from .costs import cheapest, step_kinds, step_rates
 from .kinds import on_change
 
 Key = tuple[int, int, int]  # (exact time in ticks of ticks.time_scale, bytes sent by all ranks, steps)
-Code = tuple[int, ...]  # a layout as indices into StateGraph's entries
 
 
 @lru_cache(maxsize=1024)
@@ -60,7 +61,10 @@ class StateGraph:
         self._code_id: dict[Code, int] = {}
         self._ok: dict[Code, bool] = {}  # state_ok
         self._turns: dict[tuple[int, bool], list[int]] = {}  # (entry, forward) -> candidates a kind turns it into
-        self._nests: dict[tuple[int, int, Code], bool] = {}  # (old, new, later axes) -> step_problem is None
+        self._how: dict[tuple[int, int, int], tuple] = {}  # (old, new, axis) -> (kinds, their tick rates)
+        self._facts = EntryFacts()
+        for x in self.cands:
+            self._facts.add(x)
 
     def id(self, state: NdSbp) -> int:
         i = self.ids.get(state)
@@ -72,6 +76,7 @@ class StateGraph:
                 if c is None:
                     c = entry[x] = len(entries)
                     entries.append(x)
+                    self._facts.add(x)
                 code.append(c)
             i = self._add(tuple(state), tuple(code))
         return i
@@ -83,7 +88,8 @@ class StateGraph:
         return i
 
     def out(self, i: int) -> list[list]:
-        """Steps leaving state ``i``: [next state, hop, key or None until ``key`` costs it, ...]."""
+        """Steps leaving state ``i``: [next state, hop, key or None until ``key`` costs it, the state
+        the step leaves, its entry before and after on the hop's axis (codes)]."""
         got = self._out.get(i)
         if got is None:
             got = self._out[i] = self._expand(i, forward=True)
@@ -100,28 +106,25 @@ class StateGraph:
         """Every layout one axis away that is valid (``state_ok``) and reached by a valid step, in the
         order of mesh axes, then candidates: exactly the steps ``edge_cost`` prices."""
         state, code = self.states[i], self._codes[i]
-        entries, code_id, ok, nests = self._entries, self._code_id, self._ok, self._nests
+        entries, code_id, ok, facts = self._entries, self._code_id, self._ok, self._facts
+        shape, mesh = self.shape, self.mesh_shape
         out = []
         for axis, oi in enumerate(code):
             head, tail = code[:axis], code[axis + 1:]
             for xi in self._turns_from(oi, forward):
-                fi, ni = (oi, xi) if forward else (xi, oi)  # the step's entry before and after, on ``axis``
                 other = head + (xi,) + tail
                 good = ok.get(other)
                 if good is None:
-                    good = ok[other] = state_ok(self.shape, self.mesh_shape, tuple(entries[c] for c in other))
+                    good = ok[other] = code_ok(other, shape, mesh, facts)
                 if not good:
                     continue
-                n = nests.get((fi, ni, tail))
-                if n is None:
-                    frm = state if forward else state[:axis] + (entries[xi],) + state[axis + 1:]
-                    n = nests[(fi, ni, tail)] = step_problem(frm, axis, entries[ni]) is None
-                if not n:
+                if not (code_nests(oi, xi, tail, facts) if forward else code_nests(xi, oi, tail, facts)):
                     continue
                 j = code_id.get(other)
                 if j is None:
-                    j = self._add(tuple(entries[c] for c in other), other)
-                out.append([j, (axis, entries[ni]), None, state if forward else self.states[j]])
+                    j = self._add(tuple([entries[c] for c in other]), other)
+                fi, ni = (oi, xi) if forward else (xi, oi)
+                out.append([j, (axis, entries[ni]), None, state if forward else self.states[j], fi, ni])
         return out
 
     def _turns_from(self, oi: int, forward: bool) -> list[int]:
@@ -139,7 +142,12 @@ class StateGraph:
         k = edge[2]
         if k is None:
             axis, new = edge[1]
-            k = edge[2] = step_key(self.shape, self.mesh_shape, edge[3], axis, new, self.itemsize, self.hardware)
+            how = self._how.get((edge[4], edge[5], axis))
+            if how is None:
+                kinds = step_kinds(self._entries[edge[4]], new)
+                how = self._how[(edge[4], edge[5], axis)] = (
+                    kinds, step_rates(kinds, self.hardware, axis, self.mesh_shape[axis]))
+            k = edge[2] = cheapest(self.shape, self.mesh_shape, edge[3], axis, new, self.itemsize, *how)[0]
         return k
 
 

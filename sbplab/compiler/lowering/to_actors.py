@@ -66,6 +66,7 @@ class _Lowering:
         self.bucket_of = {c: b for b in self.buckets for c in b.collectives}  # collective index -> its bucket
         self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
+        self.refs: dict[tuple[int, int], Ref] = {}  # (node, output) -> its register
 
     def initial_shard(self, name: str, rank: int) -> torch.Tensor | Zeros:
         """This rank's start value of ``name``: the executor's cut (so both agree), or ``Zeros``
@@ -88,7 +89,13 @@ class _Lowering:
         return max(2, self.stages - n.stage) if n.when == "each" else 2
 
     def ref(self, r: Any) -> Ref:
-        return self.alias.get(r.node) or Ref(self.name[r.node], r.out)
+        """The register holding physical output ``r`` (asked once its node is lowered, as nodes come in
+        order); one Ref per output, shared by its readers (a Ref is immutable)."""
+        key = (r.node, r.out)
+        got = self.refs.get(key)
+        if got is None:
+            got = self.refs[key] = self.alias.get(r.node) or Ref(self.name[r.node], r.out)
+        return got
 
     def tag(self, key: tuple) -> int:
         return self.tags.setdefault(key, len(self.tags))
