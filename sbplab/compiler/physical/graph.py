@@ -27,7 +27,7 @@ _BYTES: dict[tuple, int] = {}  # (shapes, dtypes) -> bytes: identical layers rep
 WHEN = ("before", "each", "after")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PhysRef:
     """Output ``out`` of node ``node``."""
 
