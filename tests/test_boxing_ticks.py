@@ -20,6 +20,7 @@ from sbplab.boxing.costs import (
     _kind_bytes,
     cheapest,
     edge_cost,
+    piece_splits,
     state_ok,
     step_kinds,
     step_problem,
@@ -83,10 +84,10 @@ def test_ticks_reject_a_figure_the_hardware_does_not_have():
 def _reference_key(shape, mesh, state, axis, new, hw):
     """The cheapest kind's (ticks, bytes sent by all ranks, 1), its time priced with Fractions (the
     bytes are the kinds' own arithmetic, which this change leaves alone); the first kind wins ties."""
-    whole = state[:axis] + (B,) + state[axis + 1:]
+    splits = piece_splits(state, axis)
     best = None
     for kind in step_kinds(state[axis], new):
-        sent, _, busy, _ = _kind_bytes(kind, shape, mesh, whole, axis, state[axis], new, 4)
+        sent, _, busy, _ = _kind_bytes(kind, shape, mesh, splits, axis, state[axis], new, 4)
         key = (_reference(hw, kind, axis, mesh[axis], busy), sum(sent), 1)
         if best is None or key < best:
             best = key
@@ -108,8 +109,8 @@ def test_every_step_of_every_layout_is_priced_exactly(hw):
             c = edge_cost(shape, mesh, state, axis, new, 4, hw)
             want = _reference_key(shape, mesh, state, axis, new, hw)
             kinds = step_kinds(state[axis], new)
-            assert c.key == want == cheapest(shape, mesh, state, axis, new, 4, kinds,
-                                             step_rates(kinds, hw, axis, mesh[axis]))[0]
+            assert c.key == want == cheapest(shape, mesh, piece_splits(state, axis), axis, state[axis], new, 4,
+                                             kinds, step_rates(kinds, hw, axis, mesh[axis]))[0]
             assert c.time_s == c.ticks / time_scale(hw)
             n += 1
     assert n > 500

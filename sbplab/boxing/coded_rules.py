@@ -51,19 +51,19 @@ def code_ok(code: Code, shape: tuple[int, ...], mesh_shape: tuple[int, ...], fac
     return True
 
 
-def code_nests(before: int, after: int, later: Code, facts: EntryFacts) -> bool:
-    """``step_problem`` finds nothing for a step turning entry ``before`` into ``after`` on an axis whose
-    later axes hold ``later``: no later axis splits a dim the step splits or gathers, and a partial
-    reduced here has no later partial of another op inside it."""
+def nest_blockers(before: int, after: int, facts: EntryFacts) -> frozenset[int]:
+    """The entries that, held by a later mesh axis, keep a step turning entry ``before`` into ``after``
+    from nesting (``step_problem``): a later axis splitting a dim the step splits or gathers, and,
+    where the step reduces a partial, a later partial of another op inside it."""
     split_dim, op = facts.split_dim, facts.partial_op
-    if split_dim[before] != -1 and before in later:
-        return False
-    if split_dim[after] != -1 and after in later:
-        return False
+    out = {c for c in (before, after) if split_dim[c] != -1}
     mine = op[before]
     if mine is not None and op[after] is None:
-        for c in later:
-            o = op[c]
-            if o is not None and o != mine:
-                return False
-    return True
+        out.update(c for c, o in enumerate(op) if o is not None and o != mine)
+    return frozenset(out)
+
+
+def code_nests(before: int, after: int, later: Code, facts: EntryFacts) -> bool:
+    """``step_problem`` finds nothing for a step turning entry ``before`` into ``after`` on an axis whose
+    later axes hold ``later``."""
+    return nest_blockers(before, after, facts).isdisjoint(later)

@@ -19,9 +19,9 @@ import numpy as np
 from ..hardware import Hardware
 from ..layout import LayoutError, check_layout
 from ..placement import Placement
-from ..sbp import B, NdSbp, Partial, SbpParallel, Split
+from ..sbp import NdSbp, Partial, SbpParallel, Split
 from .kinds import KINDS, StepKind, kind_of, kinds_between, on_change
-from .ticks import TickRate, kind_rate, time_scale
+from .ticks import kind_rate, time_scale
 
 
 def transition_kind(a: SbpParallel, b: SbpParallel) -> str | None:
@@ -125,46 +125,67 @@ def step_kinds(old: SbpParallel, new: SbpParallel) -> tuple[StepKind, ...]:
     return kinds_between(old, new)
 
 
+def piece_splits(state: NdSbp, axis: int) -> tuple[int, ...]:
+    """The dim each mesh axis splits in the piece a group on ``axis`` works on (-1: no split; ``axis``
+    itself reads as B): all of a layout that a step's bytes depend on besides the step itself."""
+    return tuple([-1 if a == axis or not isinstance(x, Split) else x.dim for a, x in enumerate(state)])
+
+
+def _piece_extents(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: tuple[int, ...],
+                   coord: tuple[int, ...]) -> list[int]:
+    """``extents`` of a layout whose splits are ``splits`` (``piece_splits``)."""
+    sizes = list(shape)
+    for axis, d in enumerate(splits):
+        if d != -1:
+            q, r = divmod(sizes[d], mesh_shape[axis])
+            sizes[d] = q + (1 if coord[axis] < r else 0)
+    return sizes
+
+
 @lru_cache(maxsize=65536)
-def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
+def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis: int, old: SbpParallel,
                 new: SbpParallel, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
     """(bytes sent, bytes received per mesh coordinate, the busiest one's bytes, bytes sent by all) of
-    one kind's step: no hardware in it, so every hardware view of a mesh shape (links mapped either
-    way) shares it."""
+    one kind's step on the piece ``splits`` describes (``piece_splits``): no hardware in it, so every
+    hardware view of a mesh shape (links mapped either way) shares it, and ints as its key, cheap to
+    hash."""
     p = mesh_shape[axis]
     # a coordinate's piece depends only on the axes that split it, its bytes on that and its place on
     # ``axis``: each distinct one is asked once, then spread over the mesh in row-major order (the
     # other axes' coordinates read as 0); plain ints, as a handful of coordinates is all there is
-    spans = [range(n) if a == axis or isinstance(whole[a], Split) else (0,) * n for a, n in enumerate(mesh_shape)]
+    spans = [range(n) if a == axis or splits[a] != -1 else (0,) * n for a, n in enumerate(mesh_shape)]
     per: dict[tuple[int, ...], tuple[int, int, int]] = {}
     for coord in itertools.product(*(sorted(set(s)) for s in spans)):
-        per[coord] = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
+        per[coord] = kind.rank_elements(_piece_extents(shape, mesh_shape, splits, coord), old, new, p, coord[axis])
     every = [per[c] for c in itertools.product(*spans)]
     sent = tuple(x[0] * itemsize for x in every)
     return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)
 
 
 def step_rates(kinds: tuple[StepKind, ...], hardware: Hardware, axis: int,
-               group_size: int) -> tuple[TickRate | None, ...]:
-    """Each kind's tick rate on mesh ``axis`` (``ticks.kind_rate``), in the order of ``kinds``."""
-    return tuple([kind_rate(k, hardware, axis, group_size) for k in kinds])
+               group_size: int) -> tuple[tuple[int, int] | None, ...]:
+    """Per kind, in the order of ``kinds``: (ticks of its latency rounds, ticks per byte) on mesh
+    ``axis`` for a group of ``group_size`` (``ticks.kind_rate``), or None where it takes no time."""
+    out: list[tuple[int, int] | None] = []
+    for k in kinds:
+        rate = kind_rate(k, hardware, axis, group_size)
+        out.append(None if rate is None else (rate.per_round * k.rounds(group_size), rate.per_byte))
+    return tuple(out)
 
 
-def cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp, axis: int, new: SbpParallel,
-             itemsize: int, kinds: tuple[StepKind, ...], rates: tuple[TickRate | None, ...]
-             ) -> tuple[tuple[int, int, int], int]:
-    """(search key, index in ``kinds``) of the cheapest kind (``rates``: ``step_rates`` of ``kinds``):
-    least time, then bytes sent by all ranks; the first kind wins a tie (registration order). Plain
-    integers: a search prices every step it relaxes this way and builds no ``EdgeCost``."""
-    old = state[axis]
-    whole = state[:axis] + (B,) + state[axis + 1:]  # the group's piece
-    p = mesh_shape[axis]
+def cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: tuple[int, ...], axis: int,
+             old: SbpParallel, new: SbpParallel, itemsize: int, kinds: tuple[StepKind, ...],
+             rates: tuple[tuple[int, int] | None, ...]) -> tuple[tuple[int, int, int], int]:
+    """(search key, index in ``kinds``) of the cheapest kind turning ``old`` into ``new`` on ``axis`` of a
+    layout with ``piece_splits`` ``splits`` (``rates``: ``step_rates`` of ``kinds``): least time, then
+    bytes sent by all ranks; the first kind wins a tie (registration order). Plain integers: a search
+    prices every step it relaxes this way and builds no ``EdgeCost``."""
     best: tuple[int, int, int] | None = None
     at = 0
     for n, kind in enumerate(kinds):
-        _, _, busy, total = _kind_bytes(kind, shape, mesh_shape, whole, axis, old, new, itemsize)
-        rate = rates[n]
-        key = (0 if rate is None else rate(kind.rounds(p), busy), total, 1)
+        _, _, busy, total = _kind_bytes(kind, shape, mesh_shape, splits, axis, old, new, itemsize)
+        rate = rates[n]  # TickRate(rounds, busy), its rounds already counted
+        key = (0 if rate is None else rate[0] + busy * rate[1], total, 1)
         if best is None or key < best:
             best, at = key, n
     assert best is not None
@@ -180,11 +201,11 @@ def edge_cost(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
     kinds = step_kinds(old, new)
     if not kinds or step_problem(state, axis, new) is not None:
         return None
-    key, at = cheapest(shape, mesh_shape, state, axis, new, itemsize, kinds,
+    splits = piece_splits(state, axis)
+    key, at = cheapest(shape, mesh_shape, splits, axis, old, new, itemsize, kinds,
                        step_rates(kinds, hardware, axis, mesh_shape[axis]))
     kind = kinds[at]
-    sent, recv, _, _ = _kind_bytes(kind, shape, mesh_shape, state[:axis] + (B,) + state[axis + 1:], axis, old,
-                                   new, itemsize)
+    sent, recv, _, _ = _kind_bytes(kind, shape, mesh_shape, splits, axis, old, new, itemsize)
     op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
     return EdgeCost(kind.name, sent, recv, key[0], key[0] / time_scale(hardware), op)
 

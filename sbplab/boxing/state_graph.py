@@ -17,7 +17,7 @@ from typing import Any
 
 from ..hardware import Hardware
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split
-from .coded_rules import Code, EntryFacts, code_nests, code_ok
+from .coded_rules import Code, EntryFacts, code_ok, nest_blockers
 from .costs import cheapest, step_kinds, step_rates
 from .kinds import on_change
 
@@ -60,7 +60,7 @@ class StateGraph:
         self._codes: list[Code] = []  # per state id
         self._code_id: dict[Code, int] = {}
         self._ok: dict[Code, bool] = {}  # state_ok
-        self._turns: dict[tuple[int, bool], list[int]] = {}  # (entry, forward) -> candidates a kind turns it into
+        self._turns: dict[tuple[int, bool], list] = {}  # (entry, forward) -> its ``_moves``
         self._how: dict[tuple[int, int, int], tuple] = {}  # (old, new, axis) -> (kinds, their tick rates)
         self._facts = EntryFacts()
         for x in self.cands:
@@ -77,6 +77,7 @@ class StateGraph:
                     c = entry[x] = len(entries)
                     entries.append(x)
                     self._facts.add(x)
+                    self._turns.clear()  # a new partial entry may block steps that nested before
                 code.append(c)
             i = self._add(tuple(state), tuple(code))
         return i
@@ -88,8 +89,8 @@ class StateGraph:
         return i
 
     def out(self, i: int) -> list[list]:
-        """Steps leaving state ``i``: [next state, hop, key or None until ``key`` costs it, the state
-        the step leaves, its entry before and after on the hop's axis (codes)]."""
+        """Steps leaving state ``i``: [next state, hop, key or None until ``key`` costs it, the code of
+        the state the step leaves, its entry before and after on the hop's axis (codes)]."""
         got = self._out.get(i)
         if got is None:
             got = self._out[i] = self._expand(i, forward=True)
@@ -105,36 +106,36 @@ class StateGraph:
     def _expand(self, i: int, forward: bool) -> list[list]:
         """Every layout one axis away that is valid (``state_ok``) and reached by a valid step, in the
         order of mesh axes, then candidates: exactly the steps ``edge_cost`` prices."""
-        state, code = self.states[i], self._codes[i]
+        code = self._codes[i]
         entries, code_id, ok, facts = self._entries, self._code_id, self._ok, self._facts
         shape, mesh = self.shape, self.mesh_shape
         out = []
         for axis, oi in enumerate(code):
             head, tail = code[:axis], code[axis + 1:]
-            for xi in self._turns_from(oi, forward):
+            for xi, fi, ni, blockers in self._moves(oi, forward):
                 other = head + (xi,) + tail
                 good = ok.get(other)
                 if good is None:
                     good = ok[other] = code_ok(other, shape, mesh, facts)
-                if not good:
-                    continue
-                if not (code_nests(oi, xi, tail, facts) if forward else code_nests(xi, oi, tail, facts)):
+                if not good or not blockers.isdisjoint(tail):  # invalid, or the step does not nest
                     continue
                 j = code_id.get(other)
                 if j is None:
                     j = self._add(tuple([entries[c] for c in other]), other)
-                fi, ni = (oi, xi) if forward else (xi, oi)
-                out.append([j, (axis, entries[ni]), None, state if forward else self.states[j], fi, ni])
+                out.append([j, (axis, entries[ni]), None, code if forward else other, fi, ni])
         return out
 
-    def _turns_from(self, oi: int, forward: bool) -> list[int]:
-        """The candidates (indices) some kind turns entry ``oi`` into (backward: that turn into it)."""
+    def _moves(self, oi: int, forward: bool) -> list[tuple[int, int, int, frozenset[int]]]:
+        """The candidates some kind turns entry ``oi`` into (backward: that turn into it), each as
+        (candidate, the step's entry before, after, its ``nest_blockers``)."""
         got = self._turns.get((oi, forward))
         if got is None:
-            e = self._entries
-            got = self._turns[(oi, forward)] = [
-                xi for xi in range(len(self.cands))
-                if xi != oi and _has_kind(*((e[oi], e[xi]) if forward else (e[xi], e[oi])))]
+            e, got = self._entries, []
+            for xi in range(len(self.cands)):
+                fi, ni = (oi, xi) if forward else (xi, oi)
+                if xi != oi and _has_kind(e[fi], e[ni]):
+                    got.append((xi, fi, ni, nest_blockers(fi, ni, self._facts)))
+            self._turns[(oi, forward)] = got
         return got
 
     def key(self, edge: list) -> Key:
@@ -147,7 +148,10 @@ class StateGraph:
                 kinds = step_kinds(self._entries[edge[4]], new)
                 how = self._how[(edge[4], edge[5], axis)] = (
                     kinds, step_rates(kinds, self.hardware, axis, self.mesh_shape[axis]))
-            k = edge[2] = cheapest(self.shape, self.mesh_shape, edge[3], axis, new, self.itemsize, *how)[0]
+            split_dim = self._facts.split_dim
+            splits = tuple([-1 if a == axis else split_dim[c] for a, c in enumerate(edge[3])])  # piece_splits
+            k = edge[2] = cheapest(self.shape, self.mesh_shape, splits, axis, self._entries[edge[4]], new,
+                                   self.itemsize, *how)[0]
         return k
 
 
