@@ -18,9 +18,11 @@ import time
 
 import sbplab as sl
 from sbplab.boxing import plan_boxing
-from sbplab.boxing.costs import edge_cost, state_ok
+from sbplab.boxing.costs import edge_cost, state_ok, step_kinds
 from sbplab.boxing.planner import _default_hardware, find_cross
-from sbplab.boxing.route import _has_kind, find_route, routes_from, routes_to, state_graph
+from sbplab.boxing.route import find_route, routes_from, routes_to
+from sbplab.boxing.state_graph import _has_kind, state_graph
+from sbplab.boxing.ticks import kind_rate, tick_rate, time_scale
 from sbplab.sbp import B, P, S
 
 MESH = sl.Placement("cpu", [[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
@@ -33,7 +35,7 @@ PAIRS = list(itertools.product(STATES, STATES))
 
 def clear() -> None:
     for f in (edge_cost, state_ok, state_graph, find_route, routes_from, routes_to, find_cross, _has_kind,
-              _default_hardware):
+              _default_hardware, step_kinds, kind_rate, tick_rate, time_scale):
         f.cache_clear()
 
 

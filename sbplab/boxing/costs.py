@@ -10,9 +10,8 @@ turns the kind's time into exact integer ticks for the route search.
 
 from __future__ import annotations
 
-import math
+import itertools
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
@@ -20,8 +19,9 @@ import numpy as np
 from ..hardware import Hardware
 from ..layout import LayoutError, check_layout
 from ..placement import Placement
-from ..sbp import B, NdSbp, Partial, SbpParallel, Split
+from ..sbp import NdSbp, Partial, SbpParallel, Split
 from .kinds import KINDS, StepKind, kind_of, kinds_between, on_change
+from .ticks import kind_rate, time_scale
 
 
 def transition_kind(a: SbpParallel, b: SbpParallel) -> str | None:
@@ -119,59 +119,77 @@ def ring_bytes(kind: str, p: int, i: int, T: int, chunks: list[int]) -> tuple[in
 RING_STEPS = {name: k.rounds(2) for name, k in KINDS.items() if k.is_collective}  # x (p - 1)
 
 
-@lru_cache(maxsize=64)
-def time_scale(hardware: Hardware) -> int:
-    """Ticks per second such that every alpha-beta time on ``hardware`` is a whole number of ticks.
-
-    Search keys add integer ticks: exact (a reduce-scatter plus an all-gather ties with an
-    all-reduce, as the model says, and the tie-break on bytes then steps decides, not rounding noise)
-    and much faster to add than Fractions. Measured per-kind fits count too.
-    """
-    lats = [*hardware.axis_latency, hardware.p2p_latency, *(f.alpha for f in hardware.comm_fits)]
-    bws = [*hardware.axis_bandwidth, hardware.p2p_bandwidth, hardware.mem_bandwidth,
-           *(f.bandwidth for f in hardware.comm_fits)]
-    dens = [Fraction(x).denominator for x in lats] + [(1 / Fraction(x)).denominator for x in bws]
-    return math.lcm(*dens)
+@lru_cache(maxsize=1024)
+def step_kinds(old: SbpParallel, new: SbpParallel) -> tuple[StepKind, ...]:
+    """``kinds_between``, asked once per pair: every priced step asks it."""
+    return kinds_between(old, new)
 
 
-def ticks(hardware: Hardware, latency: float, steps: int, nbytes: int, bandwidth: float) -> int:
-    """``latency * steps + nbytes / bandwidth`` (Hardware.ring_time) in exact ticks of time_scale."""
-    t = (Fraction(latency) * steps + Fraction(nbytes) / Fraction(bandwidth)) * time_scale(hardware)
-    assert t.denominator == 1
-    return t.numerator
+def piece_splits(state: NdSbp, axis: int) -> tuple[int, ...]:
+    """The dim each mesh axis splits in the piece a group on ``axis`` works on (-1: no split; ``axis``
+    itself reads as B): all of a layout that a step's bytes depend on besides the step itself."""
+    return tuple([-1 if a == axis or not isinstance(x, Split) else x.dim for a, x in enumerate(state)])
 
 
-def kind_ticks(kind: StepKind, hardware: Hardware, axis: int | None, group_size: int, nbytes: int,
-               messages: int = 1) -> int:
-    """``kind.duration(...)`` in exact ticks: the same alpha-beta figures, added without rounding."""
-    if kind.moves_data and group_size <= 1:
-        return 0
-    alpha, bw = kind.alpha_beta(hardware, axis, group_size)
-    return ticks(hardware, alpha, kind.rounds(group_size, messages), nbytes, bw)
-
-
-def _kind_cost(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
-               new: SbpParallel, itemsize: int, hardware: Hardware) -> EdgeCost:
-    sent, recv, busy = _kind_bytes(kind, shape, mesh_shape, whole, axis, old, new, itemsize)
-    t = kind_ticks(kind, hardware, axis, mesh_shape[axis], busy)
-    op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
-    return EdgeCost(kind.name, sent, recv, t, t / time_scale(hardware), op)
+def _piece_extents(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: tuple[int, ...],
+                   coord: tuple[int, ...]) -> list[int]:
+    """``extents`` of a layout whose splits are ``splits`` (``piece_splits``)."""
+    sizes = list(shape)
+    for axis, d in enumerate(splits):
+        if d != -1:
+            q, r = divmod(sizes[d], mesh_shape[axis])
+            sizes[d] = q + (1 if coord[axis] < r else 0)
+    return sizes
 
 
 @lru_cache(maxsize=65536)
-def _kind_bytes(kind: StepKind, shape, mesh_shape, whole: NdSbp, axis: int, old: SbpParallel,
-                new: SbpParallel, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """(bytes sent, bytes received per mesh coordinate, the busiest one's bytes) of one kind's step: no
-    hardware in it, so every hardware view of a mesh shape (links mapped either way) shares it."""
+def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis: int, old: SbpParallel,
+                new: SbpParallel, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
+    """(bytes sent, bytes received per mesh coordinate, the busiest one's bytes, bytes sent by all) of
+    one kind's step on the piece ``splits`` describes (``piece_splits``): no hardware in it, so every
+    hardware view of a mesh shape (links mapped either way) shares it, and ints as its key, cheap to
+    hash."""
     p = mesh_shape[axis]
     # a coordinate's piece depends only on the axes that split it, its bytes on that and its place on
-    # ``axis``: each distinct one is asked once, then spread over the mesh (row-major, as np.ndindex)
-    rel = [a for a, x in enumerate(whole) if a == axis or isinstance(x, Split)]
-    per = np.zeros([mesh_shape[a] if a in rel else 1 for a in range(len(mesh_shape))] + [3], dtype=np.int64)
-    for coord in np.ndindex(*per.shape[:-1]):
-        per[coord] = kind.rank_elements(extents(shape, mesh_shape, whole, coord), old, new, p, coord[axis])
-    every = np.broadcast_to(per, tuple(mesh_shape) + (3,)).reshape(-1, 3) * itemsize
-    return tuple(every[:, 0].tolist()), tuple(every[:, 1].tolist()), int(every[:, 2].max())
+    # ``axis``: each distinct one is asked once, then spread over the mesh in row-major order (the
+    # other axes' coordinates read as 0); plain ints, as a handful of coordinates is all there is
+    spans = [range(n) if a == axis or splits[a] != -1 else (0,) * n for a, n in enumerate(mesh_shape)]
+    per: dict[tuple[int, ...], tuple[int, int, int]] = {}
+    for coord in itertools.product(*(sorted(set(s)) for s in spans)):
+        per[coord] = kind.rank_elements(_piece_extents(shape, mesh_shape, splits, coord), old, new, p, coord[axis])
+    every = [per[c] for c in itertools.product(*spans)]
+    sent = tuple(x[0] * itemsize for x in every)
+    return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)
+
+
+def step_rates(kinds: tuple[StepKind, ...], hardware: Hardware, axis: int,
+               group_size: int) -> tuple[tuple[int, int] | None, ...]:
+    """Per kind, in the order of ``kinds``: (ticks of its latency rounds, ticks per byte) on mesh
+    ``axis`` for a group of ``group_size`` (``ticks.kind_rate``), or None where it takes no time."""
+    out: list[tuple[int, int] | None] = []
+    for k in kinds:
+        rate = kind_rate(k, hardware, axis, group_size)
+        out.append(None if rate is None else (rate.per_round * k.rounds(group_size), rate.per_byte))
+    return tuple(out)
+
+
+def cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: tuple[int, ...], axis: int,
+             old: SbpParallel, new: SbpParallel, itemsize: int, kinds: tuple[StepKind, ...],
+             rates: tuple[tuple[int, int] | None, ...]) -> tuple[tuple[int, int, int], int]:
+    """(search key, index in ``kinds``) of the cheapest kind turning ``old`` into ``new`` on ``axis`` of a
+    layout with ``piece_splits`` ``splits`` (``rates``: ``step_rates`` of ``kinds``): least time, then
+    bytes sent by all ranks; the first kind wins a tie (registration order). Plain integers: a search
+    prices every step it relaxes this way and builds no ``EdgeCost``."""
+    best: tuple[int, int, int] | None = None
+    at = 0
+    for n, kind in enumerate(kinds):
+        _, _, busy, total = _kind_bytes(kind, shape, mesh_shape, splits, axis, old, new, itemsize)
+        rate = rates[n]  # TickRate(rounds, busy), its rounds already counted
+        key = (0 if rate is None else rate[0] + busy * rate[1], total, 1)
+        if best is None or key < best:
+            best, at = key, n
+    assert best is not None
+    return best, at
 
 
 @lru_cache(maxsize=262144)
@@ -180,12 +198,16 @@ def edge_cost(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
     """Exact cost of changing ``state[axis]`` to ``new`` with the cheapest kind that does it; None if
     no valid one-axis step does it."""
     old = state[axis]
-    kinds = kinds_between(old, new)
+    kinds = step_kinds(old, new)
     if not kinds or step_problem(state, axis, new) is not None:
         return None
-    whole = state[:axis] + (B,) + state[axis + 1:]  # the group's piece
-    costs = [_kind_cost(k, shape, mesh_shape, whole, axis, old, new, itemsize, hardware) for k in kinds]
-    return min(costs, key=lambda c: c.key)
+    splits = piece_splits(state, axis)
+    key, at = cheapest(shape, mesh_shape, splits, axis, old, new, itemsize, kinds,
+                       step_rates(kinds, hardware, axis, mesh_shape[axis]))
+    kind = kinds[at]
+    sent, recv, _, _ = _kind_bytes(kind, shape, mesh_shape, splits, axis, old, new, itemsize)
+    op = old.op if isinstance(old, Partial) else new.op if isinstance(new, Partial) else None
+    return EdgeCost(kind.name, sent, recv, key[0], key[0] / time_scale(hardware), op)
 
 
 def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str) -> str:
@@ -194,4 +216,5 @@ def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str)
 
 
 on_change(edge_cost.cache_clear)
+on_change(step_kinds.cache_clear)
 on_change(_kind_bytes.cache_clear)

@@ -19,10 +19,10 @@ from ..hardware import Hardware
 from ..layout import Block, local_block
 from ..placement import Placement
 from ..sbp import NdSbp, Partial
-from .costs import kind_ticks, time_scale
 from .kinds import StepKind, kind_of, on_change
 from .route import Key
 from .step import Transfer
+from .ticks import kind_ticks, time_scale
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,12 @@ def _move_step(shape, x: NdSbp, y: NdSbp, src_pl: Placement, dst_pl: Placement, 
 @lru_cache(maxsize=4096)
 def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement,
                itemsize: int, hardware: Hardware) -> tuple[NdSbp, NdSbp, Key]:
-    """The intermediate layouts (X on the source, Y on the destination) of the cheapest move."""
+    """The intermediate layouts (X on the source, Y on the destination) of the cheapest move.
+
+    Deterministic: every candidate list is in an order fixed by the search (routes in the order
+    Dijkstra settles them, its ties broken by state numbers) or by the layouts' text, never by hashing,
+    so every process picks the same plan among equal-cost ones.
+    """
     ops = partial_ops(src, dst)
     fr = routes_from(shape, src, src_pl.shape, itemsize, hardware, ops)
     to = routes_to(shape, dst, dst_pl.shape, itemsize, hardware, ops)
@@ -74,7 +79,10 @@ def find_cross(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, src_pl: Placement
             best = (k, x, y)
 
     if src_pl.shape == dst_pl.shape:  # 1:1 moves keep any layout, partial ones too
-        for x in sorted(set(fr) & set(to), key=lambda s: add(fr[s].key, to[s].key)):
+        # equal-cost layouts in their written order: the first one found wins a tie, so the order must
+        # not depend on hashing (a set of SBP tuples iterates differently per PYTHONHASHSEED)
+        both = sorted((s for s in fr if s in to), key=lambda s: (add(fr[s].key, to[s].key), fmt_sbp(s)))
+        for x in both:
             if best is not None and add(fr[x].key, to[x].key) >= best[0]:
                 break
             consider(x, x)

@@ -14,11 +14,11 @@ from functools import lru_cache
 
 from ..errors import SbplabError
 from ..hardware import Hardware
-from ..sbp import B, NdSbp, Partial, SbpParallel, Split, fmt_sbp
-from .costs import edge_cost, state_ok, step_problem
-from .kinds import kinds_between, on_change
+from ..sbp import NdSbp, Partial, SbpParallel, fmt_sbp
+from .kinds import on_change
+from .state_graph import Key, StateGraph, state_graph
+from .state_graph import candidates as candidates  # where callers have always found it
 
-Key = tuple[int, int, int]  # (exact time in ticks of costs.time_scale, bytes sent by all ranks, steps)
 Hop = tuple[int, SbpParallel]  # (mesh axis, its new SBP)
 ZERO: Key = (0, 0, 0)
 
@@ -37,99 +37,12 @@ def partial_ops(*states: NdSbp) -> tuple[str, ...]:
     return tuple(sorted(ops))
 
 
-@lru_cache(maxsize=1024)
-def _has_kind(old: SbpParallel, new: SbpParallel) -> bool:
-    """Whether some one-axis kind turns ``old`` into ``new`` (``kinds_between``, asked per edge)."""
-    return bool(kinds_between(old, new))
-
-
-@lru_cache(maxsize=256)
-def candidates(tensor_ndim: int, ops: tuple[str, ...]) -> tuple[SbpParallel, ...]:
-    return tuple(Split(d) for d in range(tensor_ndim)) + (B,) + tuple(Partial(op) for op in ops)
-
-
 @dataclass(frozen=True)
 class Route:
     """A found route: the hops in order and its summed key."""
 
     hops: tuple[Hop, ...]
     key: Key
-
-
-class StateGraph:
-    """The layouts of one tensor on one mesh shape and the steps between them, built lazily.
-
-    States are interned to ints and each state's outgoing (or incoming) steps are listed once, so a
-    search touches hashes of SBP tuples only at its two ends and otherwise adds integer keys. A step
-    is costed the first time a search relaxes it: a search never needs the cost of a step into a
-    state it has already settled, and about 40% of the steps of a large model's graphs are never
-    relaxed at all.
-    """
-
-    def __init__(self, shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int, hardware: Hardware,
-                 ops: tuple[str, ...]) -> None:
-        self.shape, self.mesh_shape, self.itemsize, self.hardware = shape, mesh_shape, itemsize, hardware
-        self.cands = candidates(len(shape), ops)
-        self.states: list[NdSbp] = []
-        self.ids: dict[NdSbp, int] = {}
-        self._out: dict[int, list[list]] = {}
-        self._in: dict[int, list[list]] = {}
-        self._searches: dict[tuple[int, bool], _Search] = {}  # (start, backward) -> its search so far
-
-    def id(self, state: NdSbp) -> int:
-        i = self.ids.get(state)
-        if i is None:
-            i = self.ids[state] = len(self.states)
-            self.states.append(state)
-        return i
-
-    def out(self, i: int) -> list[list]:
-        """Steps leaving state ``i``: [next state, hop, key or None until ``key`` costs it, ...]."""
-        got = self._out.get(i)
-        if got is None:
-            got = self._out[i] = self._expand(i, forward=True)
-        return got
-
-    def into(self, i: int) -> list[list]:
-        """Steps entering state ``i``: [previous state, hop from it to ``i``, key or None, ...]."""
-        got = self._in.get(i)
-        if got is None:
-            got = self._in[i] = self._expand(i, forward=False)
-        return got
-
-    def _expand(self, i: int, forward: bool) -> list[list]:
-        state, shape, mesh = self.states[i], self.shape, self.mesh_shape
-        out = []
-        for axis in range(len(mesh)):
-            old = state[axis]
-            for x in self.cands:
-                if x == old:
-                    continue
-                other = state[:axis] + (x,) + state[axis + 1:]
-                if not state_ok(shape, mesh, other):
-                    continue
-                frm, new = (state, x) if forward else (other, old)
-                # a step exists exactly where ``edge_cost`` gives one: a kind does it and it nests
-                if _has_kind(frm[axis], new) and step_problem(frm, axis, new) is None:
-                    out.append([self.id(other), (axis, new), None, frm])
-        return out
-
-    def key(self, edge: list) -> Key | None:
-        """The step's search key, costed once (``edge_cost``) and kept in the edge."""
-        k = edge[2]
-        if k is None:
-            axis, new = edge[1]
-            c = edge_cost(self.shape, self.mesh_shape, edge[3], axis, new, self.itemsize, self.hardware)
-            if c is None:
-                return None
-            k = edge[2] = c.key
-        return k
-
-
-@lru_cache(maxsize=256)
-def state_graph(shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int, hardware: Hardware,
-                ops: tuple[str, ...]) -> StateGraph:
-    return StateGraph(shape, mesh_shape, itemsize, hardware, ops)
 
 
 class _Search:
@@ -186,8 +99,6 @@ def _dijkstra(g: StateGraph, start: int, target: int | None = None, backward: bo
             c = edge[2]
             if c is None:
                 c = g.key(edge)
-                if c is None:
-                    continue
             k = (key[0] + c[0], key[1] + c[1], key[2] + c[2])
             b = best.get(j)
             if b is None or k < b:
@@ -254,5 +165,5 @@ def apply_hops(state: NdSbp, hops: tuple[Hop, ...]) -> list[NdSbp]:
     return states
 
 
-for _cache in (_has_kind, state_graph, find_route, routes_from, routes_to):
+for _cache in (find_route, routes_from, routes_to):
     on_change(_cache.cache_clear)  # routes depend on which kinds exist

@@ -211,23 +211,36 @@ def _distinct(rows: Iterable[tuple]) -> Iterator[tuple]:
 
 
 def _valid_on_ranks(op: OpDef, in_metas: tuple[TensorMeta, ...], out_metas: tuple[TensorMeta, ...], attrs: dict,
-                    sig: NdSignature, rows: Iterable[tuple[tuple[Block, ...] | None, tuple[Block, ...] | None]]) -> bool:
+                    sig: NdSignature, rows: Iterable[tuple[tuple[Block, ...] | None, tuple[Block, ...] | None]],
+                    seen: dict | None = None) -> bool:
     """``_nd_valid`` given the (input blocks, output blocks) of each rank in rank order (None: an
     empty shard), leaving out ranks that hold the same blocks as an earlier one: those get the same
-    local attributes and shapes, so each distinct pair of blocks is checked once."""
+    local attributes and shapes, so each distinct pair of blocks is checked once.
+
+    ``seen`` keeps answers across the signatures of one op, inputs and attributes: an op without
+    ``localize`` sees only the local shapes, so a row of local input and output shapes checked before
+    has that answer (the same pieces recur in many signatures)."""
+    plain = op.localize is _no_localize  # it would return the attrs as they are, ignoring ctx
     for ib, ob in rows:
         if ib is None or ob is None:
             return False
-        local_in = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ib, in_metas)]
-        try:
-            if op.localize is _no_localize:  # it would return the attrs as they are, ignoring ctx
-                got = op.infer(local_in, dict(attrs))
-            else:
-                got = op.infer(local_in, op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig)))
-        except (ValueError, RuntimeError, IndexError):
-            return False
-        want = [tuple(e - s for s, e in blk) for blk in ob]
-        if [tuple(g.shape) for g in got] != want:
+        local = tuple([tuple([e - s for s, e in blk]) for blk in ib])
+        want = [tuple([e - s for s, e in blk]) for blk in ob]
+        key = (local, tuple(want)) if plain and seen is not None else None
+        ok = None if key is None else seen.get(key)  # type: ignore[union-attr]
+        if ok is None:
+            local_in = [TensorMeta(sh, m.dtype) for sh, m in zip(local, in_metas)]
+            try:
+                if plain:
+                    got = op.infer(local_in, dict(attrs))
+                else:
+                    got = op.infer(local_in, op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig)))
+                ok = [tuple(g.shape) for g in got] == want
+            except (ValueError, RuntimeError, IndexError):
+                ok = False
+            if key is not None:
+                seen[key] = ok  # type: ignore[index]
+        if not ok:
             return False
     return True
 
@@ -263,15 +276,17 @@ def _canonical_rows(in_metas: Sequence[TensorMeta], out_metas: Sequence[TensorMe
     rank order, leaving out ranks whose every block equals an earlier rank's."""
     ins = [_rank_blocks(m.shape, nd, mesh_shape) for m, nd in zip(in_metas, sig.inputs)]
     outs = [_rank_blocks(m.shape, nd, mesh_shape) for m, nd in zip(out_metas, sig.outputs)]
-    both = ins + outs
+    firsts = [t[1] for t in ins] + [t[1] for t in outs]
+    if not firsts:  # no tensors: every rank holds the same (nothing), one row
+        yield ((), ())
+        return
     seen: set[tuple[int, ...]] = set()
-    for k in range(numel(mesh_shape)):
-        same_as = tuple(t[1][k] for t in both)
+    for k, same_as in enumerate(zip(*firsts)):  # per rank: the first rank holding each of its blocks
         if same_as in seen:
             continue
         seen.add(same_as)
-        ib = tuple(t[0][k] for t in ins)
-        ob = tuple(t[0][k] for t in outs)
+        ib = tuple([t[0][k] for t in ins])
+        ob = tuple([t[0][k] for t in outs])
         yield (None if None in ib else ib, None if None in ob else ob)
 
 
@@ -283,6 +298,7 @@ def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: t
     ones = one_d_signatures(op, in_metas, attrs)
     out: list[NdSignature] = []
     out_metas: tuple[TensorMeta, ...] | None = None
+    seen: dict = {}  # _valid_on_ranks' answers for this op, inputs and attributes
     for combo in itertools.product(ones, repeat=len(mesh_shape)):
         sig = NdSignature(
             tuple(tuple(c.inputs[i] for c in combo) for i in range(len(in_metas))),
@@ -290,7 +306,8 @@ def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: t
         )
         if out_metas is None:  # what local_context infers for every rank of every signature
             out_metas = tuple(op.infer(in_metas, attrs))
-        if _valid_on_ranks(op, in_metas, out_metas, attrs, sig, _canonical_rows(in_metas, out_metas, sig, mesh_shape)):
+        rows = _canonical_rows(in_metas, out_metas, sig, mesh_shape)
+        if _valid_on_ranks(op, in_metas, out_metas, attrs, sig, rows, seen):
             out.append(sig)
     return tuple(out)
 

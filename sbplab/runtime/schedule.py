@@ -17,6 +17,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from .firing import FiringGraph
+from .schedule_uniform import derive_from_one, uniform_rank
 from .specs import PlanError
 
 if TYPE_CHECKING:
@@ -28,12 +29,32 @@ def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
 
     Ties go by priority (micro-batch of the firing, the actor's ``order``, its index on its rank):
     each rank's compute lane fires its lowest ready priority, and communication that became complete
-    in the same tick is issued lowest priority (then match key) first.
+    in the same tick is issued lowest priority (then match key) first. Where every rank runs the
+    same actors (``schedule_uniform``), one rank is simulated and the same order rebuilt from it.
     """
+    rep = uniform_rank(plan)
+    if rep is not None:
+        order = derive_from_one(plan, rep, steps)
+        if order is not None:
+            return order
+    return derive_all(plan, steps)
+
+
+def derive_all(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
+    """``derive_comm_order`` by simulating every rank (and the deadlock report where it is stuck)."""
+    graphs = {r: FiringGraph(rp.actors, plan.micro_batches, steps) for r, rp in plan.ranks.items()}
+    try:
+        return _simulate(plan, graphs)
+    finally:
+        for g in graphs.values():
+            g.unlink()
+
+
+def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot, ...]:
+    """``derive_comm_order`` on fresh firing graphs of every rank."""
     from .actor_plan import CommSlot, channel_of, match_key
 
     micro = plan.micro_batches
-    graphs = {r: FiringGraph(rp.actors, micro, steps) for r, rp in plan.ranks.items()}
     members: dict[tuple, tuple[int, ...]] = {}
     for r, rp in plan.ranks.items():
         for a in rp.comm_actors:
@@ -141,10 +162,18 @@ def check_comm_order(plan: ActorPlan) -> None:
     a communication completes once all its members posted it. The firing rule is monotone, so the
     state where this gets stuck is the same under every timing: one replay decides.
     """
+    graphs = {r: FiringGraph(rp.actors, plan.micro_batches, 1) for r, rp in plan.ranks.items()}
+    try:
+        _replay(plan, graphs)
+    finally:
+        for g in graphs.values():
+            g.unlink()
+
+
+def _replay(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> None:
+    """``check_comm_order`` on fresh firing graphs of every rank."""
     from .actor_plan import match_key
 
-    M = plan.micro_batches
-    graphs = {r: FiringGraph(rp.actors, M, 1) for r, rp in plan.ranks.items()}
     order = {r: [(graphs[r].names[a], m) for a, m in plan.rank_order(r)] for r in plan.ranks}
     pos = {r: 0 for r in plan.ranks}
     size: dict[tuple, int] = {}

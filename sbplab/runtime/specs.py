@@ -43,7 +43,7 @@ class PlanError(SbplabError, ValueError):
     """A plan that cannot run: the message names the rank, the actor and the broken invariant."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ref:
     """A register reference: output ``index`` of actor ``actor`` on the same rank."""
 

@@ -25,7 +25,7 @@ import torch
 
 from ...boxing.kinds import kernel_ref, kind_of
 from ...gc_pause import without_gc
-from ...layout import holds_value, local_block, local_shape, shard
+from ...layout import Block, holds_value, local_block, shard
 from ...runtime.actor_plan import ActorPlan, CommSlot
 from ...runtime.specs import (
     Accumulate,
@@ -67,16 +67,17 @@ class _Lowering:
         self.bucket_of = {c: b for b in self.buckets for c in b.collectives}  # collective index -> its bucket
         self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
+        self.refs: dict[tuple[int, int], Ref] = {}  # (node, output) -> its register
 
-    def initial_shard(self, name: str, rank: int) -> torch.Tensor | Zeros:
-        """This rank's start value of ``name``: the executor's cut (so both agree), or ``Zeros``
-        described rather than made (optimizer states: gigabytes for a large model)."""
+    def initial_shard(self, name: str, rank: int, block: Block) -> torch.Tensor | Zeros:
+        """This rank's start value of ``name``, whose source node holds ``block`` (``local_block`` of
+        the source's placement and SBP): the executor's cut (so both agree), or ``Zeros`` described
+        rather than made (optimizer states: gigabytes for a large model)."""
         t = self.graph.tensors[name]
         pl, sbp = self.phys.source_placement[name], self.phys.source_sbp[name]
         if t.value is None and t.init == "zeros":
-            return Zeros(local_shape(t.shape, pl, sbp, rank), t.meta.dtype)
+            return Zeros(tuple([e - s for s, e in block]), t.meta.dtype)
         full = t.initial_value()
-        block = local_block(t.shape, pl, sbp, rank)
         if all(e - s == n for (s, e), n in zip(block, t.shape)) and holds_value(pl, sbp, rank):
             return full  # a whole copy: every such rank shares it (each worker copies its init anyway)
         if name not in self.initial:
@@ -89,7 +90,13 @@ class _Lowering:
         return max(2, self.stages - n.stage) if n.when == "each" else 2
 
     def ref(self, r: Any) -> Ref:
-        return self.alias.get(r.node) or Ref(self.name[r.node], r.out)
+        """The register holding physical output ``r`` (asked once its node is lowered, as nodes come in
+        order); one Ref per output, shared by its readers (a Ref is immutable)."""
+        key = (r.node, r.out)
+        got = self.refs.get(key)
+        if got is None:
+            got = self.refs[key] = self.alias.get(r.node) or Ref(self.name[r.node], r.out)
+        return got
 
     def tag(self, key: tuple) -> int:
         return self.tags.setdefault(key, len(self.tags))
@@ -141,7 +148,7 @@ class _Lowering:
             self.add(n, Source(f"n{n.id}", feed=name, placement=pl, sbp=sbp, registers=self.regs(n),
                                scope="micro" if self.phys.micro_batches > 1 else "step"))
             return
-        st = State(f"n{n.id}", init=self.initial_shard(name, n.rank), key=name, placement=pl, sbp=sbp, registers=1)
+        st = State(f"n{n.id}", init=self.initial_shard(name, n.rank, n.attrs["block"]), key=name, placement=pl, sbp=sbp, registers=1)
         self.states[(n.rank, st.name)] = st
         self.add(n, st)
 

@@ -27,7 +27,7 @@ _BYTES: dict[tuple, int] = {}  # (shapes, dtypes) -> bytes: identical layers rep
 WHEN = ("before", "each", "after")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PhysRef:
     """Output ``out`` of node ``node``."""
 
@@ -35,7 +35,7 @@ class PhysRef:
     out: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class PhysNode:
     """One op instance on one rank.
 

@@ -18,7 +18,7 @@ from ..deduction.deduce import Deduction
 from .graph import PhysicalGraph
 
 
-@dataclass
+@dataclass(slots=True)
 class Lifetime:
     """Bytes held by one node's outputs from ``start`` to ``end`` (positions in the rank's order)."""
 
