@@ -15,8 +15,10 @@ Time per step is what a user waits for: (wall time of a run of W + N steps - wal
 steps) / N, measured on the driver for sbplab (``cluster.run``, plan shipping and result gathering
 included) and on rank 0 for the peer (between barriers, inside already-started processes: the peer
 pays no process start-up, sbplab pays its per-run set-up in both runs, which cancels). Rounds are
-interleaved (sbplab, peer, sbplab, peer, ...); the median and the spread (min-max) of each side are
-printed, with the first-step loss of both to show they train the same thing.
+interleaved (sbplab, peer, sbplab, peer, ...), after one untimed round that warms both sides up (the
+first runs of fresh workers are slower, and the first pair of a cluster would pay for it alone); the
+median and the spread (min-max) of each side are printed, with the first-step loss of both to show
+they train the same thing.
 
     .venv/bin/python benchmarks/bench_vs_torch.py            # widths 256 1024 2048, 2 and 4 ranks
     .venv/bin/python benchmarks/bench_vs_torch.py --quick    # width 256, 2 ranks, fewer steps
@@ -156,7 +158,7 @@ def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn):
     dist.all_reduce(total)
     if rank == 0:
         conn.send(float(total))
-    for _ in range(rounds):
+    for _ in range(rounds + 1):  # the first round warms up and is dropped by the driver
         got = []
         for k in (warm, warm + n):
             if rank == 0:
@@ -205,7 +207,7 @@ def bench_pair(cluster, world: int, width: int, kind: str, peer: str, warm: int,
         peer_first = parent.recv()
         ours_first = cluster.run(step, (x, y), steps=1, progress=False).losses[0]
         ours, theirs = [], []
-        for _ in range(rounds):
+        for _ in range(rounds + 1):  # round 0 warms both sides up (first runs of fresh workers) and is dropped
             t = []
             for k in (warm, warm + n):
                 t0 = time.perf_counter()
@@ -215,6 +217,7 @@ def bench_pair(cluster, world: int, width: int, kind: str, peer: str, warm: int,
             parent.send("go")
             parent.send("go")
             theirs.append(parent.recv())
+        ours, theirs = ours[1:], theirs[1:]
     finally:
         for p in procs:
             p.join(timeout=60)
