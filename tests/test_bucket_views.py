@@ -174,8 +174,10 @@ def test_simulator_prices_a_pack_in_place_as_a_firing_and_a_copy_by_its_bytes():
     assert cost.seconds == pytest.approx(hw.firing_overhead + moved / hw.mem_bandwidth)
 
 
-class _Copying:
-    """A compiled step whose plan copies every gradient into its buckets (no producer writes in place)."""
+class _Rewritten:
+    """A compiled step whose plan is ``comp``'s with each rank's actors rewritten by ``rewrite``."""
+
+    name = ""
 
     def __init__(self, comp) -> None:
         self.comp = comp
@@ -183,44 +185,45 @@ class _Copying:
     def feeds(self, inputs):
         return self.comp.feeds(inputs)
 
-    def plan(self, world_size=None) -> ActorPlan:
-        base = self.comp.plan(world_size)
-        ranks = {}
-        for r, rp in base.ranks.items():
-            acts = []
-            for a in rp.actors:
-                a = copy.copy(a)
-                if isinstance(a, Compute) and a.op == PACK:
-                    a.attrs = {**a.attrs, "in_place": (False,) * len(a.inputs)}
-                elif getattr(a, "into", None) is not None:
-                    a.into = None
-                acts.append(a)
-            ranks[r] = acts
-        return ActorPlan.build(base.world_size, ranks, micro_batches=base.micro_batches,
-                               device_type=base.device_type, name="copying")
-
-
-class _Probed:
-    """A compiled step whose plan also reports, on every rank, where bucket b0's gradients live."""
-
-    def __init__(self, comp) -> None:
-        self.comp = comp
-
-    def feeds(self, inputs):
-        return self.comp.feeds(inputs)
+    def rewrite(self, rank: int, rp) -> list:
+        raise NotImplementedError
 
     def plan(self, world_size=None) -> ActorPlan:
         base = self.comp.plan(world_size)
-        ranks = {}
-        for r, rp in base.ranks.items():
-            pack = rp.by_name["b0.pack"]
-            ranks[r] = [*rp.actors,
-                        Compute("probe", op="bucket_probe:where_grads_live", inputs=(Ref("b0.pack"), *pack.inputs),
-                                scope=pack.scope, phase="backward"),
-                        Sink("probe.sink", inputs=("probe",), key=f"probe{r}", placement=Placement("cpu", [r]),
-                             sbp=(B,), scope=pack.scope, micro_reduce="last")]
+        ranks = {r: self.rewrite(r, rp) for r, rp in base.ranks.items()}
         return ActorPlan.build(base.world_size, ranks, micro_batches=base.micro_batches,
-                               device_type=base.device_type, name="probed")
+                               device_type=base.device_type, name=self.name)
+
+
+class _Copying(_Rewritten):
+    """Every gradient copied into its bucket (no producer writes in place)."""
+
+    name = "copying"
+
+    def rewrite(self, rank: int, rp) -> list:
+        acts = []
+        for a in rp.actors:
+            a = copy.copy(a)
+            if isinstance(a, Compute) and a.op == PACK:
+                a.attrs = {**a.attrs, "in_place": (False,) * len(a.inputs)}
+            elif getattr(a, "into", None) is not None:
+                a.into = None
+            acts.append(a)
+        return acts
+
+
+class _Probed(_Rewritten):
+    """Also reports, on every rank, where bucket b0's gradients live."""
+
+    name = "probed"
+
+    def rewrite(self, rank: int, rp) -> list:
+        pack = rp.by_name["b0.pack"]
+        return [*rp.actors,
+                Compute("probe", op="bucket_probe:where_grads_live", inputs=(Ref("b0.pack"), *pack.inputs),
+                        scope=pack.scope, phase="backward"),
+                Sink("probe.sink", inputs=("probe",), key=f"probe{rank}", placement=Placement("cpu", [rank]),
+                     sbp=(B,), scope=pack.scope, micro_reduce="last")]
 
 
 def _torch_losses(m, batch, steps: int) -> list[float]:
