@@ -40,6 +40,12 @@ class CommFit:
 
     time(bytes) = alpha * steps + bytes / bandwidth, with ``steps`` the kind's ring steps; ``rel_error``
     is the fit's median relative error over the measured sizes.
+
+    ``busy_alpha`` is alpha measured while every core of the machine runs compute (CPU ranks
+    outnumbering or filling the cores). A transfer then waits for the scheduler to give its threads a
+    core, a wait that grows with the rounds and not with the bytes: on a 2-core box with 4 ranks it
+    is milliseconds per collective against a tenth of that on idle cores. None: not measured (the
+    ranks could not fill the cores), the transfer costs ``alpha`` whatever runs beside it.
     """
 
     kind: str
@@ -48,6 +54,7 @@ class CommFit:
     alpha: float  # seconds per ring step (or per message)
     bandwidth: float  # bytes/s
     rel_error: float = 0.0
+    busy_alpha: float | None = None  # seconds per round while every core computes
 
 
 def _positive(name: str, v: float) -> None:
@@ -151,14 +158,18 @@ class Hardware:
         t = self._fit_table
         return t.get((kind, axis, group_size)) or t.get((kind, axis, None))
 
-    def alpha_beta(self, kind: str, axis: int | None, group_size: int | None = None) -> tuple[float, float]:
+    def alpha_beta(self, kind: str, axis: int | None, group_size: int | None = None,
+                   busy: bool = False) -> tuple[float, float]:
         """(seconds per ring step or message, bytes/s) of a step of ``kind`` on mesh ``axis``.
 
         ``axis`` None is a point-to-point move between placements. A calibrated fit wins; otherwise
-        the link's spec-sheet figures.
+        the link's spec-sheet figures. ``busy``: while every core computes (the fit's ``busy_alpha``
+        where it was measured).
         """
         fit = self.comm_fit(kind, axis, group_size)
         if fit is not None:
+            if busy and fit.busy_alpha is not None:
+                return fit.busy_alpha, fit.bandwidth
             return fit.alpha, fit.bandwidth
         if axis is None:
             return self.p2p_latency, self.p2p_bandwidth

@@ -100,6 +100,23 @@ def test_sweep_plans_are_valid_plans_on_a_2x2_mesh(kind):
     assert len(p2p_plan((1024, 4096), 2, "cpu").pairs()) == 1
 
 
+def test_busy_plans_compute_beside_their_transfers():
+    """The busy sweep's plans: every rank spins from tick to the step's end beside its collectives, and
+    every pair of ranks ping-pongs with a compute burst before each reply."""
+    plan = collective_plan("all_reduce", comm_axes(4)[0], (1024,), 4, "cpu", spins=5)
+    for r in range(4):
+        names = [a.name for a in plan.ranks[r].actors]
+        assert [n for n in names if n.startswith("spin")] == [f"spin{j}" for j in range(5)]
+        tock = next(a for a in plan.ranks[r].actors if a.name == "tock")
+        assert [x.actor for x in tock.inputs] == ["tick", "spun"]  # the step waits for both chains
+    games = p2p_plan((1024, 4096), 4, "cpu", burst_us=500.0)
+    assert sorted(games.pairs()) == [(0, 1), (2, 3)]
+    for responder in (1, 3):
+        spin = next(a for a in games.ranks[responder].actors if a.name == "spin0")
+        pong = next(a for a in games.ranks[responder].actors if a.name == "pong0")
+        assert spin.attrs == {"us": 500.0} and [x.actor for x in pong.inputs] == ["spin0"]
+
+
 @pytest.mark.parametrize("preset", [Hardware.h100_node(), Hardware.h100_ib(2), Hardware.a100_node()],
                          ids=["h100_node", "h100_ib", "a100_node"])
 def test_presets_we_cannot_measure_keep_their_spec_sheet(preset):
@@ -149,6 +166,9 @@ def test_calibration_of_a_compiled_dp_step(cluster, tmp_path):
         assert f.alpha >= 0 and f.bandwidth > 0 and 0 <= f.rel_error < float("inf"), f
         assert f.group_size == 2 and f.axis == (None if f.kind == "send_recv" else 0)
     assert hw.firing_overhead > 0 and hw.cores == os.cpu_count()
+    ar, p2p = hw.comm_fit("all_reduce", 0, 2), hw.comm_fit("send_recv", None, 2)
+    assert (ar.busy_alpha is not None) == (2 >= hw.cores)  # two ranks computing fill two cores
+    assert (p2p.busy_alpha is not None) == (1 >= hw.cores)  # one pair: one burst at a time
     assert hw.origin.startswith("measured on") and hw.measured
     assert hw.flops != Hardware.cpu_box().flops and hw.mem_bandwidth != Hardware.cpu_box().mem_bandwidth
     table = dict(hw.op_times)
@@ -232,6 +252,14 @@ def test_four_ranks_measure_the_world_and_both_axes_of_a_2x2_mesh():
     axes = ((0, 4), (0, 2), (1, 2))  # (mesh axis, group size): the world, then the 2x2 mesh's axes
     assert settings == {(k, a, p) for k in COLLECTIVES for a, p in axes} | {("send_recv", None, 2)}
     assert all(f.alpha >= 0 and f.bandwidth > 0 for f in hw.comm_fits)
+    # with every core computing a transfer waits at least as long per round; measured only where 4 ranks
+    # can fill the cores (all ranks computing for collectives, one rank of each pair for send/recv)
+    for (kind, axis, p), fills in [(("all_reduce", 0, 4), 4 >= hw.cores), (("send_recv", None, 2), 2 >= hw.cores)]:
+        f = hw.comm_fit(kind, axis, p)
+        assert (f.busy_alpha is not None) == fills, f
+        assert f.busy_alpha is None or f.busy_alpha >= f.alpha
+        busy = hw.alpha_beta(kind, axis, p, busy=True)
+        assert busy == ((f.busy_alpha if fills else f.alpha), f.bandwidth)
     assert hw.alpha_beta("all_gather", 1, 2) == (hw.comm_fit("all_gather", 1, 2).alpha,
                                                  hw.comm_fit("all_gather", 1, 2).bandwidth)
     # the links: per axis the median over the kinds measured on its largest group

@@ -3,6 +3,7 @@ the predicted trace, the same firings as a real run, peak memory by hand, core c
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -174,6 +175,38 @@ def test_four_ranks_on_two_cores_take_twice_as_long():
     assert alone.step_time == pytest.approx(4 * MS, rel=1e-9)
     assert shared.step_time == pytest.approx(2 * alone.step_time, rel=1e-9)
     assert enough.step_time == pytest.approx(alone.step_time, rel=1e-9)
+
+
+def _transfer_ms(pred, actor: str) -> float:
+    f, plan = pred.firings, pred.plan
+    spans = {f.end[i] - f.xfer[i] for i in range(len(f)) if plan.ranks[f.rank[i]].actors[f.node[i]].name == actor}
+    assert len(spans) == 1, spans
+    return spans.pop() / MS
+
+
+@pytest.mark.parametrize("cores, computing, want_ms", [
+    (None, True, 2.0),  # a GPU-like rank per device: never waits for a core
+    (2, False, 2.0),  # cores idle while it runs: its quiet time
+    (2, True, 6.0),  # both ranks compute on both cores: alpha becomes busy_alpha on its 2 rounds
+    (4, True, 4.0),  # half the cores compute: half the extra
+])
+def test_a_transfer_that_starts_while_the_cores_compute_waits_for_them(cores, computing, want_ms):
+    """Two ranks all-reduce their weights (a 2-rank ring: 2 rounds of alpha) while, or while not, each
+    computes 10 ms beside it; the fit says a round takes 1 ms on idle cores and 3 ms on busy ones."""
+    ranks = {}
+    for r in range(2):
+        work = [Compute("f", op=K + "relu", inputs=("w",), registers=1, scope="step")] if computing else []
+        ranks[r] = [State("w", init=torch.zeros(8), update=Ref("upd")),
+                    Collective("ar", kind_="all_reduce", group=(0, 1), inputs=("w",), scope="step", registers=1),
+                    *work,
+                    Compute("upd", op=K + "add", inputs=("w", "ar"), scope="step", phase="update", registers=1)]
+    plan = ActorPlan.build(2, ranks, name="reduce-beside-compute")
+    times = {op_key(K + "relu", [(8,)], torch.float32, "cpu"): 10 * MS}
+    fit = sl.hardware.CommFit("all_reduce", 0, 2, alpha=1 * MS, bandwidth=1e30, busy_alpha=3 * MS)
+    hw = exact_hw(times, cores=cores).with_measurements(origin="test", comm_fits=[fit])
+    if cores is None:
+        hw = dataclasses.replace(hw, cores=None)
+    assert _transfer_ms(simulate(plan, hw, steps=2), "ar") == pytest.approx(want_ms, rel=1e-9)
 
 
 def test_ranks_alike_are_simulated_once_with_the_same_result():

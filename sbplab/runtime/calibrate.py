@@ -10,7 +10,8 @@ cluster of workers started elsewhere with torchrun (``launch="external"``): it m
 
 What is measured (BRIEF section 5, "Calibrate, don't guess"):
 - each collective kind per mesh axis and group size the cluster can form, over a sweep of sizes, fitted
-  as alpha-beta (``calibrate_comm``), and point to point between two ranks;
+  as alpha-beta (``calibrate_comm``), and point to point between two ranks; on CPU ranks that can
+  fill the machine's cores, also the latency while every core computes (``calibrate_busy``);
 - the runtime's overhead per actor firing (a chain of empty kernels);
 - every distinct (op, local input shapes, dtype, device) of the given steps' compute actors, once
   (``calibrate_ops``), plus a matmul's FLOP/s and a copy's bytes/s for the roofline of the rest;
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hardware import CommFit, Hardware, OpKey
+from .calibrate_busy import measure_busy
 from .calibrate_comm import measure_collectives, measure_p2p
 from .calibrate_ops import measure_firing_overhead, op_instances, peak_instances, peaks_from, profile_ops
 from .calibration_cache import CalibrationRecord, cache_path, describe, fingerprint, load, save
@@ -121,11 +123,13 @@ def calibrate_report(cluster: Any, steps: Any = None, *, sizes: Sequence[int] = 
     reused = rec is not None
     rec = rec or CalibrationRecord(fp, torch_version)
     rec.cores = _cores(facts)
-    sweep = {"sizes": list(sweep_sizes), "repeats": repeats}
+    sweep = {"sizes": list(sweep_sizes), "repeats": repeats, "busy": True}
     comm = rec.sweep != sweep or (cluster.n >= 2 and not rec.comm_fits)
     if comm:
         p2p = measure_p2p(cluster, sweep_sizes, repeats)
-        rec.comm_fits = measure_collectives(cluster, sweep_sizes, repeats) + ([p2p] if p2p else [])
+        fits = measure_collectives(cluster, sweep_sizes, repeats) + ([p2p] if p2p else [])
+        rec.comm_fits = measure_busy(cluster, fits, sweep_sizes, repeats, rec.cores) \
+            if dev == "cpu" else fits  # a GPU rank has its own device: nothing to wait for
         rec.sweep = sweep
     overhead = rec.firing_overhead is None
     if overhead:

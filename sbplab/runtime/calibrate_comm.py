@@ -23,8 +23,17 @@ from ..hardware import CommFit
 from ..placement import Placement
 from .actor_plan import ActorPlan
 from .calibrate_fit import fit_alpha_beta
-from .calibration_common import WARMUP_STEPS, firing_seconds, gate, median, run_measurement, tick, tock
-from .specs import Actor, Collective, Recv, Send, State
+from .calibration_common import (
+    SPIN,
+    WARMUP_STEPS,
+    close_step,
+    firing_seconds,
+    gate,
+    median,
+    run_measurement,
+    tick,
+)
+from .specs import Actor, Collective, Compute, Recv, Send, State
 from .trace import Trace
 
 ITEM = 4  # bytes of a float32 element: every sweep moves float32 tensors
@@ -68,8 +77,9 @@ def _input(nbytes: int, p: int) -> tuple[torch.Tensor, dict]:
 
 
 def collective_plan(kind: str, setting: AxisGroups, sizes: tuple[int, ...], n: int,
-                    device_type: str) -> ActorPlan:
-    """Every group of ``setting`` runs ``kind`` once per size per step, one size after another."""
+                    device_type: str, spins: int = 0) -> ActorPlan:
+    """Every group of ``setting`` runs ``kind`` once per size per step, one size after another;
+    ``spins``: every rank computes beside it (``close_step``)."""
     if kind not in measured_kinds():
         raise ValueError(f"calibration: cannot measure collective kind {kind!r}; "
                          f"measured kinds: {measured_kinds()}")
@@ -85,12 +95,13 @@ def collective_plan(kind: str, setting: AxisGroups, sizes: tuple[int, ...], n: i
                          Collective(f"c{i}", kind_=kind, group=group, inputs=(f"g{i}",), scope="step",
                                     registers=1, src=group[0], **fields)]
                 prev = f"c{i}"
-            ranks[r] = acts + [tock(prev)]
+            ranks[r] = close_step(acts, prev, spins)
+    busy = "-busy" if spins else ""
     return ActorPlan.build(n, ranks, device_type=device_type,
-                           name=f"calibrate-{kind}-axis{setting.axis}-p{setting.group_size}")
+                           name=f"calibrate-{kind}-axis{setting.axis}-p{setting.group_size}{busy}")
 
 
-def _sent_bytes(trace: Trace, actor: str) -> int:
+def sent_bytes(trace: Trace, actor: str) -> int:
     """Bytes the busiest rank sent in one steady firing of ``actor`` (the runtime's own count)."""
     return max((e.bytes for e in trace.events if e.actor == actor and e.step >= WARMUP_STEPS), default=0)
 
@@ -103,7 +114,7 @@ def measure_collective(cluster, kind: str, setting: AxisGroups, sizes: tuple[int
     points = []
     for i in range(len(sizes)):
         samples = [t for g in setting.groups for t in firing_seconds(trace, f"c{i}", g)]
-        points.append((_sent_bytes(trace, f"c{i}"), median(samples, f"{kind} c{i}")))
+        points.append((sent_bytes(trace, f"c{i}"), median(samples, f"{kind} c{i}")))
     rounds = kind_of(kind).rounds(setting.group_size)
     return fit_alpha_beta(kind, setting.axis, setting.group_size, rounds, points)
 
@@ -114,20 +125,34 @@ def measure_collectives(cluster, sizes: tuple[int, ...], repeats: int) -> list[C
             for setting in comm_axes(cluster.n) for kind in measured_kinds()]
 
 
-def p2p_plan(sizes: tuple[int, ...], n: int, device_type: str) -> ActorPlan:
-    """Rank 0 sends each size to rank 1 (``ping{i}``), which sends it straight back (``pong{i}``)."""
-    ranks: dict[int, list[Actor]] = {0: [tick()], 1: []}
-    prev = "tick"
-    for i, size in enumerate(sizes):
-        x = torch.ones(max(1, size // ITEM))
-        ranks[0] += [State(f"x{i}", init=x), gate(f"g{i}", f"x{i}", prev),
-                     Send(f"ping{i}", inputs=(f"g{i}",), peer=1, tag=2 * i, scope="step", registers=1),
-                     Recv(f"pong{i}", peer=1, tag=2 * i + 1, shape=tuple(x.shape), scope="step", registers=1)]
-        ranks[1] += [Recv(f"ping{i}", peer=0, tag=2 * i, shape=tuple(x.shape), scope="step", registers=1),
-                     Send(f"pong{i}", inputs=(f"ping{i}",), peer=0, tag=2 * i + 1, scope="step", registers=1)]
-        prev = f"pong{i}"
-    ranks[0].append(tock(prev))
-    return ActorPlan.build(n, ranks, device_type=device_type, name="calibrate-send-recv")
+def p2p_plan(sizes: tuple[int, ...], n: int, device_type: str, burst_us: float = 0.0) -> ActorPlan:
+    """Rank 0 sends each size to rank 1 (``ping{i}``), which sends it straight back (``pong{i}``).
+
+    ``burst_us``: every pair of ranks (2j, 2j + 1) plays the same game at once, and each reply waits
+    for a compute burst of that many us (``spin{i}``), as a pipeline stage computes between its
+    receive and its send: the pairs' bursts then keep the cores busy while the others' messages
+    arrive."""
+    pairs = [(a, a + 1) for a in range(0, n - 1, 2)] if burst_us else [(0, 1)]
+    ranks: dict[int, list[Actor]] = {}
+    for a, b in pairs:
+        ping, pong = [tick()], []
+        prev = "tick"
+        for i, size in enumerate(sizes):
+            x = torch.ones(max(1, size // ITEM))
+            ping += [State(f"x{i}", init=x), gate(f"g{i}", f"x{i}", prev),
+                     Send(f"ping{i}", inputs=(f"g{i}",), peer=b, tag=2 * i, scope="step", registers=1),
+                     Recv(f"pong{i}", peer=b, tag=2 * i + 1, shape=tuple(x.shape), scope="step", registers=1)]
+            reply = f"ping{i}"
+            if burst_us:
+                pong.append(Compute(f"spin{i}", op=SPIN, inputs=(reply,), attrs={"us": burst_us}, scope="step",
+                                    registers=1))
+                reply = f"spin{i}"
+            pong += [Recv(f"ping{i}", peer=a, tag=2 * i, shape=tuple(x.shape), scope="step", registers=1),
+                     Send(f"pong{i}", inputs=(reply,), peer=a, tag=2 * i + 1, scope="step", registers=1)]
+            prev = f"pong{i}"
+        ranks[a], ranks[b] = close_step(ping, prev), pong
+    return ActorPlan.build(n, ranks, device_type=device_type,
+                           name="calibrate-send-recv" + ("-busy" if burst_us else ""))
 
 
 def measure_p2p(cluster, sizes: tuple[int, ...], repeats: int) -> CommFit | None:

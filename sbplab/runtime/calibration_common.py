@@ -22,6 +22,8 @@ from .specs import Compute, Ref, State
 from .trace import Trace
 
 NOOP = "sbplab.runtime.kernels:noop"
+SPIN = "sbplab.runtime.kernels:spin"
+SPIN_US = 100.0  # one spinning kernel: short, so the scheduler looks at finished transfers between two
 WARMUP_STEPS = 1
 
 
@@ -38,6 +40,28 @@ def gate(name: str, value: str | Ref, after: str | Ref) -> Compute:
 def tock(after: str | Ref) -> Compute:
     """Closes the step: the next ``tick`` fires only when ``after`` (the last measurement) is done."""
     return Compute("tock", op=NOOP, inputs=("tick", after), scope="step", registers=1)
+
+
+def close_step(acts: list, after: str, spins: int = 0) -> list:
+    """``acts`` then ``tock``; with ``spins``, a chain of that many spinning kernels (``SPIN_US`` each)
+    runs beside them from ``tick`` on, and the step closes when both are done: the rank computes
+    all through its measurements, as in a training step."""
+    if spins:
+        chain = [Compute(f"spin{j}", op=SPIN, inputs=("tick" if j == 0 else f"spin{j - 1}",),
+                         attrs={"us": SPIN_US}, scope="step", registers=1) for j in range(spins)]
+        acts = acts + chain + [gate("spun", after, f"spin{spins - 1}")]
+        after = "spun"
+    return acts + [tock(after)]
+
+
+def spin_ends(trace: Trace) -> dict[tuple[int, int], float]:
+    """(rank, step) -> when that rank's last spinning kernel of the step ended (us)."""
+    out: dict[tuple[int, int], float] = {}
+    for e in trace.events:
+        if e.actor.startswith("spin"):
+            key = (e.rank, e.step)
+            out[key] = max(out.get(key, 0.0), e.end)
+    return out
 
 
 def run_measurement(cluster, plan: ActorPlan, repeats: int, *, timeout: float = 60.0) -> Trace:

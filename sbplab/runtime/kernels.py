@@ -24,6 +24,14 @@ def noop(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
     return (inputs[0] if inputs else _EMPTY,) * attrs.get("outputs", 1)
 
 
+def spin(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
+    """Keeps its core busy for ``us`` microseconds (as a kernel would), then passes its first input on."""
+    end = time.perf_counter() + attrs.get("us", 100.0) / 1e6
+    while time.perf_counter() < end:
+        pass
+    return (inputs[0] if inputs else _EMPTY,)
+
+
 def delay(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
     """Sleeps ``ms`` milliseconds, then passes its inputs through: a stage of known cost."""
     time.sleep(attrs.get("ms", 1.0) / 1000.0)

@@ -75,9 +75,9 @@ def comm_info(a: Actor, rank: int, shapes: ActorShapes, known: CommInfo | None =
     return CommInfo("send_recv", None, 2, sum(nbytes(m) for m in metas))
 
 
-def comm_duration(info: CommInfo, hw: Hardware) -> float:
+def comm_duration(info: CommInfo, hw: Hardware, busy: bool = False) -> float:
     """Seconds one communication firing takes on ``hw``: its boxing kind's duration (alpha-beta,
-    measured fits first)."""
+    measured fits first); ``busy``: while every core of the machine computes."""
     if info.group_size <= 1:
         return 0.0
-    return float(kind_of(info.kind).duration(hw, info.mesh_axis, info.group_size, info.bytes_sent))
+    return float(kind_of(info.kind).duration(hw, info.mesh_axis, info.group_size, info.bytes_sent, busy=busy))

@@ -13,7 +13,10 @@ a moment each run at ``min(1, cores / k)`` of full speed (processor sharing). It
 virtual clock that advances at that rate, so a firing's end never needs rescheduling. Gloo's
 transfers also use CPU, but mostly waiting on sockets and shared memory; their CPU share is inside
 the measured alpha-beta fits, so they do not count as busy ranks here (counting them would charge
-the same cost twice).
+the same cost twice). What computing ranks do cost a transfer is the wait for a core: each round
+of it needs the backend's threads to run, and the kernel's scheduler lets a woken thread wait up to
+a tick while the cores compute. So a transfer that starts while ``k`` ranks compute takes
+``min(1, k / cores)`` of its ``busy_extra`` longer (measured with every core computing).
 
 Events happening at one instant are all applied before any rank decides what to start, so the
 order of simultaneous completions does not change the schedule. Each firing records the firing
@@ -67,6 +70,7 @@ class Engine:
 
     work[r][i]: compute seconds at full speed (compute lane) or transfer seconds (comm lane) of one
         firing of actor i on rank r.
+    busy_extra[r][i]: how much longer that transfer takes while every core computes.
     classes: representative rank -> the ranks it stands for (see ``symmetry.py``): ranks of one
         class run the same actors with the same costs, so they fire at the same times and only the
         representative is simulated. A communication of a representative waits for the posts of the
@@ -74,8 +78,10 @@ class Engine:
     """
 
     def __init__(self, plan: ActorPlan, steps: int, work: dict[int, list[float]], cores: int | None,
-                 classes: dict[int, list[int]]) -> None:
+                 classes: dict[int, list[int]], busy_extra: dict[int, list[float]] | None = None) -> None:
         self.plan, self.steps, self.work, self.cores = plan, steps, work, cores
+        self.busy_extra = busy_extra if cores is not None and busy_extra and any(
+            any(row) for row in busy_extra.values()) else None
         self.classes = classes
         M = plan.micro_batches
         self.reps = sorted(classes)
@@ -113,6 +119,7 @@ class Engine:
         o_end_app, o_cause_app, o_xfer_app = o_end.append, o_cause.append, o_xfer.append
         out_rank, out_node, out_lane, out_k = out.rank, out.node, out.lane, out.k
         cores = self.cores if plan.device_type == "cpu" else None
+        extra = self.busy_extra if cores is not None else None
         weight = {r: len(ms) for r, ms in self.classes.items()}
         events: list[tuple[float, int, int]] = []  # (real time, seq, firing id): transfers
         vevents: list[tuple[float, int, int]] = []  # (virtual time, seq, firing id): compute
@@ -177,6 +184,7 @@ class Engine:
             possible.clear()
             firsts = sorted((min(posted_at[(q[0], q[1], k)] for q in parts), parts, k)
                             for (parts, k) in transfers)
+            share = min(1.0, busy_count / cores) if extra is not None else 0.0
             for _, parts, k in firsts:
                 start, cause, dur = now, -1, 0.0
                 last_post = max(posted_at[(q[0], q[1], k)] for q in parts)
@@ -184,8 +192,9 @@ class Engine:
                 for q in parts:
                     if lane_free[q[0]] > start:
                         start, cause = lane_free[q[0]], lane_last[q[0]]
-                    if work[q[0]][q[1]] > dur:
-                        dur = work[q[0]][q[1]]
+                    d = work[q[0]][q[1]] + share * extra[q[0]][q[1]] if share else work[q[0]][q[1]]
+                    if d > dur:
+                        dur = d
                 for w in transfers[(parts, k)]:
                     f = posted_at.pop((w[0], w[1], k))
                     o_xfer[f], o_cause[f] = start, cause

@@ -8,7 +8,8 @@
   register (no kernel); an Accumulate reads its input and reads and writes its buffer.
 - Every firing also costs the runtime's ``hw.firing_overhead`` (scheduling, bookkeeping).
 - Communication: the boxing kind's own duration (``sbplab.boxing.kinds``) from the bytes each rank
-  sends and the mesh axis it crosses; send/recv are point-to-point moves.
+  sends and the mesh axis it crosses; send/recv are point-to-point moves. Where the calibration
+  measured the link with every core computing, how much longer it then takes (``busy_extra``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class FiringCost:
     modelled: a compute kernel whose figure is the roofline (False for hand-overs and comm).
     nbytes: bytes this rank sends (communication), else 0.
     overhead: the runtime's share of ``seconds`` (firing overhead), the rest is the kernel or transfer.
+    busy_extra: communication only, the seconds the transfer takes longer while every core of the
+        machine computes (``CommFit.busy_alpha``); the engine adds the share of it that the cores
+        busy at the transfer's start call for.
     """
 
     seconds: float
@@ -41,6 +45,7 @@ class FiringCost:
     modelled: bool = False
     nbytes: int = 0
     overhead: float = 0.0
+    busy_extra: float = 0.0
 
 
 def _flops(name: str, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], attrs: dict) -> float:
@@ -107,5 +112,6 @@ def comm_cost(a: Actor, rank: int, shapes: ActorShapes, hw: Hardware,
     if not isinstance(a, (Collective, Send, Recv)):
         raise SimulationError(f"actor {a.name!r} ({a.kind}) is not a communication actor")
     info = comm_info(a, rank, shapes, (extra or {}).get(a.name))
-    return FiringCost(comm_duration(info, hw) + hw.firing_overhead, nbytes=info.bytes_sent,
-                      overhead=hw.firing_overhead)
+    quiet = comm_duration(info, hw)
+    return FiringCost(quiet + hw.firing_overhead, nbytes=info.bytes_sent, overhead=hw.firing_overhead,
+                      busy_extra=max(0.0, comm_duration(info, hw, busy=True) - quiet))

@@ -76,7 +76,8 @@ def simulate(step: Any, hw: Hardware, *, steps: int = 3,
         would be given to ``cluster.run``; a Compiled step knows its own.
     A collective on mesh axis a uses ``hw.link(a)``: a Hardware with fewer axes than the mesh repeats its
     last axis's figures. ``hw.cores`` (ranks sharing a machine's cores) slows compute when more ranks
-    compute at once than there are cores; it applies to CPU plans only (a GPU rank has its own device).
+    compute at once than there are cores, and slows transfers that start while the cores compute
+    (where the calibration measured it); it applies to CPU plans only (a GPU rank has its own device).
     """
     plan, batch, known = plan_of(step)
     batch.update(batch_shapes(feeds))
@@ -95,7 +96,7 @@ def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mappi
 def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],
               known: dict[str, CommInfo]) -> Prediction:
     M = plan.micro_batches
-    shapes, work, sent, costs = {}, {}, {}, {}
+    shapes, work, sent, costs, busy_extra = {}, {}, {}, {}, {}
     shape_cache: dict = {}
     cost_cache: dict = {}
     for r, rp in plan.ranks.items():
@@ -107,9 +108,10 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
                          else compute_cost(a, sh, hw, plan.device_type, cost_cache))
         costs[r] = row_c
         work[r] = [c.seconds for c in row_c]
+        busy_extra[r] = [c.busy_extra for c in row_c]
         sent[r] = [c.nbytes for c in row_c]
     classes = rank_classes(plan, costs, shapes)
-    firings = Engine(plan, steps, work, hw.cores, classes).run()
+    firings = Engine(plan, steps, work, hw.cores, classes, busy_extra).run()
     step_of = {r: [M if a.scope == "micro" else 0 for a in plan.ranks[r].actors] for r in classes}
     ends = step_ends(firings, step_of, steps)
     lo, hi, n = window(ends)

@@ -31,7 +31,7 @@ def _signature(plan: ActorPlan, r: int, costs: list[FiringCost], shapes: dict[st
     for a, c in zip(actors, costs):
         upd = getattr(a, "update", None) if isinstance(a, State) else None
         rows.append((type(a).__name__, a.label, tuple((pos[x.actor], x.index) for x in a.inputs), a.registers,
-                     a.scope, a.phase, a.num_outputs, c.seconds, c.nbytes,
+                     a.scope, a.phase, a.num_outputs, c.seconds, c.busy_extra, c.nbytes,
                      tuple(nbytes(m) for m in shapes[a.name].outputs),
                      (pos[upd.actor], upd.index) if upd is not None else None,
                      len(a.group) if isinstance(a, Collective) else 0))

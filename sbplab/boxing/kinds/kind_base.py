@@ -102,20 +102,23 @@ class StepKind:
         """Latency terms of one step: ring steps of a collective, messages of a move, 0 for local work."""
         return 0
 
-    def alpha_beta(self, hw: Hardware, mesh_axis: int | None, group_size: int) -> tuple[float, float]:
+    def alpha_beta(self, hw: Hardware, mesh_axis: int | None, group_size: int,
+                   busy: bool = False) -> tuple[float, float]:
         """(seconds per round, bytes/s) on ``hw``: a calibrated fit for this kind and axis where there is
-        one, else the link's spec-sheet figures (``Hardware.alpha_beta``)."""
+        one, else the link's spec-sheet figures (``Hardware.alpha_beta``); ``busy``: while every core
+        computes."""
         if not self.moves_data:
             return 0.0, hw.mem_bandwidth
-        return hw.alpha_beta(self.name, mesh_axis, group_size)
+        return hw.alpha_beta(self.name, mesh_axis, group_size, busy)
 
     def duration(self, hw: Hardware, mesh_axis: int | None, group_size: int, bytes_per_rank: float,
-                 messages: int = 1) -> float:
+                 messages: int = 1, busy: bool = False) -> float:
         """Seconds one step takes on ``hw`` when its busiest rank moves ``bytes_per_rank``: the
-        alpha-beta time ``alpha * rounds + bytes / bandwidth`` (what the planner and simulator use)."""
+        alpha-beta time ``alpha * rounds + bytes / bandwidth`` (what the planner and simulator use);
+        ``busy``: while every core of the machine computes (the simulator's contended transfers)."""
         if self.moves_data and group_size <= 1:
             return 0.0
-        alpha, bw = self.alpha_beta(hw, mesh_axis, group_size)
+        alpha, bw = self.alpha_beta(hw, mesh_axis, group_size, busy)
         return alpha * self.rounds(group_size, messages) + bytes_per_rank / bw
 
     # --- words ---------------------------------------------------------------------------------------

@@ -59,8 +59,8 @@ class MoveKind(StepKind):
     def rounds(self, group_size: int, messages: int = 1) -> int:
         return messages
 
-    def alpha_beta(self, hw, mesh_axis, group_size) -> tuple[float, float]:
-        return hw.alpha_beta(self.name, None, 2)
+    def alpha_beta(self, hw, mesh_axis, group_size, busy: bool = False) -> tuple[float, float]:
+        return hw.alpha_beta(self.name, None, 2, busy)
 
     def explain_move(self, x: NdSbp, y: NdSbp, src_pl: Placement, dst_pl: Placement,
                      transfers: tuple[Transfer, ...]) -> str:
