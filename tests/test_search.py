@@ -171,6 +171,10 @@ def test_the_2d_mesh_axes_map_to_the_hardware_links():
         for a in inner:  # and holds consecutive ranks
             g = pl.groups(a)[0]
             assert max(g) - min(g) == len(g) - 1
+    # a mesh that fits in one node (a pipeline stage) never crosses the slow link, whichever its shape
+    stage = mesh_choices(8, sl.Hardware.h100_ib(8))
+    assert {c.shape: c.links for c in stage} == {(8,): (1,), (2, 4): (1, 1), (4, 2): (1, 1)}
+    assert len(stage) == 3
     with pytest.raises(SearchError):
         mesh_choices(0, H100)
 

@@ -71,7 +71,8 @@ def mesh_choices(devices: int, hw: Hardware, node_size: int | None = None, max_n
     With a single-link Hardware every axis uses link 0. With several links (outer first, like
     ``Hardware.h100_ib``: InfiniBand between nodes, NVLink inside one), ``node_size`` ranks share the
     inner link (default 8, one H100/A100 node): an axis may use the inner link only if its size
-    divides ``node_size``; a 1-D mesh uses the inner link only if it fits in a node.
+    divides ``node_size``; a mesh that fits in a node (a pipeline stage of a node or less) uses the
+    inner link on every axis, since its ranks never leave the node.
     """
     devices = check_devices(devices)
     inner = len(hw.axis_bandwidth) - 1
@@ -81,7 +82,12 @@ def mesh_choices(devices: int, hw: Hardware, node_size: int | None = None, max_n
         if max_ndim >= 2:
             out += [MeshChoice((a, devices // a), (0, 0)) for a in _divisors(devices) if 1 < a < devices]
         return out
-    out = [MeshChoice((devices,), (inner if node % devices == 0 else 0,))]
+    if node % devices == 0:  # one node (a pipeline stage's ranks are node-aligned): every axis on the inner link
+        out = [MeshChoice((devices,), (inner,))]
+        if max_ndim >= 2:
+            out += [MeshChoice((a, devices // a), (inner, inner)) for a in _divisors(devices) if 1 < a < devices]
+        return out
+    out = [MeshChoice((devices,), (0,))]
     if max_ndim >= 2:
         for a in _divisors(devices):
             b = devices // a
