@@ -11,7 +11,8 @@ running replicated there.
 How: the quiet sweep's own plans, the two smallest sizes, with a chain of spinning kernels
 (``close_step``) beside the transfers. For collectives every rank spins; the scheduler sees a
 finished collective between two kernels, as in a training step; a sample counts only when its
-transfer ended before its rank's spinning did. For point to point, every pair of ranks ping-pongs
+transfer ended before its rank's spinning did (a kind the backend cannot poll, Gloo's
+reduce-scatter, is seen finished only when the spinning ends: no sample, no busy figure). For point to point, every pair of ranks ping-pongs
 at once and each reply waits for a compute burst, as pipeline stages do (``p2p_plan``); the burst
 is taken off the round trip. busy_alpha is the median over steps and sizes of
 ``(seconds - bytes / bandwidth) / rounds``, never below the quiet alpha. Measured only where the

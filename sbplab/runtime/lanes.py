@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .comm import Comm, Pending
+from .comm import Comm, Pending, backend_for, kind_for
 from .specs import Actor, Collective
 
 
@@ -95,7 +95,9 @@ class CommLane:
 
     - ``ready()`` never blocks: operations already finished. A collective says so by itself
       (``is_completed``); a CUDA operation is finished for the CPU as soon as it is posted (its
-      consumers wait on its event). Gloo's send and recv cannot be asked, only waited for.
+      consumers wait on its event). Gloo's send and recv, and the kinds whose ``unpolled_on``
+      names the backend (Gloo's reduce-scatter), cannot be asked, only waited for: the scan
+      passes over them rather than stopping at one.
     - ``wait_oldest()`` blocks until the oldest operation still in flight finishes.
 
     Why blocking cannot deadlock: every rank posts its communication in one global order
@@ -114,6 +116,7 @@ class CommLane:
 
     def __init__(self, comm: Comm, streams: Streams, micro_batches: int) -> None:
         self.comm, self.streams, self.micro = comm, streams, micro_batches
+        self.backend = backend_for(comm.device_type)
         self.posted: deque[_Posted] = deque()  # in posting order
         self.pollable = 0  # how many of them say by themselves when they are done
         self.inflight: dict[tuple[int, int], tuple[int, str]] = {}  # (node, k) -> (t0_ns, label), for status
@@ -144,7 +147,8 @@ class CommLane:
                     return
         except BaseException as e:  # noqa: BLE001 - reported to the driver with its traceback
             raise CommFailure(node, k, traceback.format_exc()) from e
-        pollable = pend.work is None or isinstance(actor, Collective)
+        pollable = pend.work is None or (isinstance(actor, Collective)
+                                         and self.backend not in kind_for(actor).unpolled_on)
         self.posted.append(_Posted(node, k, pend, t0, pollable, None))
         self.pollable += pollable
 

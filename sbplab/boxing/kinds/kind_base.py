@@ -57,7 +57,9 @@ class StepKind:
     - ``lowering``: the actor it becomes: "collective", "kernel" (a local Compute) or "p2p" (Send/Recv);
     - ``has_root``: one rank (a Collective's ``src``) holds the value the others receive;
     - ``bucket_layout``: how gradients share one run of it (``bucket_kernels``): "flat" (one
-      concatenation), "regions" (one region per rank), None (never bucketed).
+      concatenation), "regions" (one region per rank), None (never bucketed);
+    - ``unpolled_on``: backends whose operation of this kind cannot be asked whether it is done
+      (only waited for), so the runtime's comm lane does not poll it.
     """
 
     name: ClassVar[str] = ""
@@ -69,6 +71,7 @@ class StepKind:
     lowering: ClassVar[str] = "kernel"
     has_root: ClassVar[bool] = False
     bucket_layout: ClassVar[str | None] = None
+    unpolled_on: ClassVar[frozenset[str]] = frozenset()
 
     def __str__(self) -> str:
         return self.name

@@ -110,6 +110,7 @@ class ReduceScatterKind(RingKind):
     name = "reduce_scatter"
     reduces = True
     bucket_layout = "regions"
+    unpolled_on = frozenset({"gloo"})  # Gloo's Work says it is done only once waited for (and has no future)
 
     def turns(self, old: SbpParallel, new: SbpParallel) -> bool:
         return isinstance(old, Partial) and isinstance(new, Split)
