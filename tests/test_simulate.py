@@ -184,24 +184,25 @@ def _transfer_ms(pred, actor: str) -> float:
     return spans.pop() / MS
 
 
-@pytest.mark.parametrize("cores, computing, want_ms", [
-    (None, True, 2.0),  # a GPU-like rank per device: never waits for a core
-    (2, False, 2.0),  # cores idle while it runs: its quiet time
-    (2, True, 6.0),  # both ranks compute on both cores: alpha becomes busy_alpha on its 2 rounds
-    (4, True, 4.0),  # half the cores compute: half the extra
+@pytest.mark.parametrize("cores, compute_ms, want_ms", [
+    (None, 10.0, 2.0),  # a GPU-like rank per device: never waits for a core
+    (2, 0.0, 2.0),  # cores idle while it runs: its quiet time
+    (2, 10.0, 6.0),  # both ranks compute on both cores all along: alpha becomes busy_alpha on its 2 rounds
+    (2, 3.0, 3.0),  # the cores come free at 3 ms, past its quiet end (2 ms): it ends then
+    (4, 10.0, 2.0),  # two of four cores compute: its threads find a free core
 ])
-def test_a_transfer_that_starts_while_the_cores_compute_waits_for_them(cores, computing, want_ms):
+def test_a_transfer_that_starts_while_every_core_computes_waits_for_one(cores, compute_ms, want_ms):
     """Two ranks all-reduce their weights (a 2-rank ring: 2 rounds of alpha) while, or while not, each
-    computes 10 ms beside it; the fit says a round takes 1 ms on idle cores and 3 ms on busy ones."""
+    computes beside it; the fit says a round takes 1 ms on idle cores and 3 ms on busy ones."""
     ranks = {}
     for r in range(2):
-        work = [Compute("f", op=K + "relu", inputs=("w",), registers=1, scope="step")] if computing else []
+        work = [Compute("f", op=K + "relu", inputs=("w",), registers=1, scope="step")] if compute_ms else []
         ranks[r] = [State("w", init=torch.zeros(8), update=Ref("upd")),
                     Collective("ar", kind_="all_reduce", group=(0, 1), inputs=("w",), scope="step", registers=1),
                     *work,
                     Compute("upd", op=K + "add", inputs=("w", "ar"), scope="step", phase="update", registers=1)]
     plan = ActorPlan.build(2, ranks, name="reduce-beside-compute")
-    times = {op_key(K + "relu", [(8,)], torch.float32, "cpu"): 10 * MS}
+    times = {op_key(K + "relu", [(8,)], torch.float32, "cpu"): compute_ms * MS}
     fit = sl.hardware.CommFit("all_reduce", 0, 2, alpha=1 * MS, bandwidth=1e30, busy_alpha=3 * MS)
     hw = exact_hw(times, cores=cores).with_measurements(origin="test", comm_fits=[fit])
     if cores is None:

@@ -10,14 +10,14 @@ running replicated there.
 
 How: the quiet sweep's own plans, the two smallest sizes, with a chain of spinning kernels
 (``close_step``) beside the transfers. For collectives every rank spins; the scheduler sees a
-finished collective between two kernels, as in a training step; a sample counts only when its
-transfer ended before its rank's spinning did (a kind the backend cannot poll, Gloo's
-reduce-scatter, is seen finished only when the spinning ends: no sample, no busy figure). For point to point, every pair of ranks ping-pongs
-at once and each reply waits for a compute burst, as pipeline stages do (``p2p_plan``); the burst
-is taken off the round trip. busy_alpha is the median over steps and sizes of
-``(seconds - bytes / bandwidth) / rounds``, never below the quiet alpha. Measured only where the
-computing ranks fill the cores (n >= cores for collectives, n / 2 >= cores for point to point);
-elsewhere it stays None and transfers cost their quiet time.
+finished collective between two kernels, as in a training step. A sample counts only when its
+transfer ended before its rank's spinning did; a kind the backend cannot poll (Gloo's
+reduce-scatter) is seen finished only when the spinning ends, so it gets no busy figure. For point
+to point, every pair of ranks ping-pongs at once and each reply waits for a compute burst, as
+pipeline stages do (``p2p_plan``); the burst is taken off the round trip. busy_alpha is the median
+over steps and sizes of ``(seconds - bytes / bandwidth) / rounds``, never below the quiet alpha.
+Measured only where the computing ranks fill the cores (n >= cores for collectives, n / 2 >= cores
+for point to point); elsewhere it stays None and transfers cost their quiet time.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from ..boxing.kinds import kind_of
 from ..hardware import CommFit
-from .calibrate_comm import collective_plan, comm_axes, p2p_plan, sent_bytes
+from .calibrate_comm import ITEM, collective_plan, comm_axes, p2p_plan, sent_bytes
 from .calibration_common import SPIN_US, WARMUP_STEPS, median, run_measurement, spin_ends
 from .trace import Trace
 
@@ -88,7 +88,7 @@ def measure_busy(cluster, fits: list[CommFit], sizes: tuple[int, ...], repeats: 
             sent = {e.step: e for e in trace.select(rank=0, actor=f"ping{i}") if e.step >= WARMUP_STEPS}
             back = {e.step: e for e in trace.select(rank=0, actor=f"pong{i}") if e.step >= WARMUP_STEPS}
             burst = {e.step: e.dur for e in trace.select(rank=1, actor=f"spin{i}")}
-            points.append((max(1, size // 4) * 4, [(back[s].end - sent[s].start - burst[s]) / 2e6
+            points.append((max(1, size // ITEM) * ITEM, [(back[s].end - sent[s].start - burst[s]) / 2e6
                                                    for s in sorted(sent) if s in back and s in burst]))
         out["send_recv", None, 2] = replace(p2p, busy_alpha=_busy_alpha(p2p, 1, points))
     return list(out.values())

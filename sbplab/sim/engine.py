@@ -15,8 +15,9 @@ transfers also use CPU, but mostly waiting on sockets and shared memory; their C
 the measured alpha-beta fits, so they do not count as busy ranks here (counting them would charge
 the same cost twice). What computing ranks do cost a transfer is the wait for a core: each round
 of it needs the backend's threads to run, and the kernel's scheduler lets a woken thread wait up to
-a tick while the cores compute. So a transfer that starts while ``k`` ranks compute takes
-``min(1, k / cores)`` of its ``busy_extra`` longer (measured with every core computing).
+a tick while every core computes. So a transfer that starts while every core computes takes its
+``busy_extra`` longer (measured that way), unless a core comes free first: then it ends at its
+quiet time, or at once if that has passed.
 
 Events happening at one instant are all applied before any rank decides what to start, so the
 order of simultaneous completions does not change the schedule. Each firing records the firing
@@ -80,8 +81,7 @@ class Engine:
     def __init__(self, plan: ActorPlan, steps: int, work: dict[int, list[float]], cores: int | None,
                  classes: dict[int, list[int]], busy_extra: dict[int, list[float]] | None = None) -> None:
         self.plan, self.steps, self.work, self.cores = plan, steps, work, cores
-        self.busy_extra = busy_extra if cores is not None and busy_extra and any(
-            any(row) for row in busy_extra.values()) else None
+        self.busy_extra = busy_extra if busy_extra and any(any(row) for row in busy_extra.values()) else None
         self.classes = classes
         M = plan.micro_batches
         self.reps = sorted(classes)
@@ -139,6 +139,8 @@ class Engine:
         needs, waiters = self.needs, self.waiters
         posted_at: dict[tuple[int, int, int], int] = {}  # (rep, actor, firing) -> firing id, while unmatched
         possible: list[tuple[tuple[int, int], int]] = []  # communication all of whose members posted, this instant
+        waiting: list[tuple[float, list[int]]] = []  # transfers slowed by busy cores: (quiet end, member firings)
+        due: dict[int, float] = {}  # their firings' current ends (earlier after ``release``; -1: over)
         count: dict[tuple[int, int, int], int] = {}
         # registers: per (rank, node) the ids of outputs still alive, in order; released counters seen
         seen_rel = {r: [0] * len(g.nodes) for r, g in graphs.items()}
@@ -184,24 +186,47 @@ class Engine:
             possible.clear()
             firsts = sorted((min(posted_at[(q[0], q[1], k)] for q in parts), parts, k)
                             for (parts, k) in transfers)
-            share = min(1.0, busy_count / cores) if extra is not None else 0.0
+            full = extra is not None and busy_count >= cores
             for _, parts, k in firsts:
-                start, cause, dur = now, -1, 0.0
+                start, cause, dur, slow = now, -1, 0.0, 0.0
                 last_post = max(posted_at[(q[0], q[1], k)] for q in parts)
                 cause = o_cause[last_post]
                 for q in parts:
                     if lane_free[q[0]] > start:
                         start, cause = lane_free[q[0]], lane_last[q[0]]
-                    d = work[q[0]][q[1]] + share * extra[q[0]][q[1]] if share else work[q[0]][q[1]]
-                    if d > dur:
-                        dur = d
+                    if work[q[0]][q[1]] > dur:
+                        dur = work[q[0]][q[1]]
+                    if full and extra[q[0]][q[1]] > slow:
+                        slow = extra[q[0]][q[1]]
+                end, members = start + dur + slow, []
                 for w in transfers[(parts, k)]:
                     f = posted_at.pop((w[0], w[1], k))
                     o_xfer[f], o_cause[f] = start, cause
-                    if start + dur > lane_free[w[0]]:
-                        lane_free[w[0]], lane_last[w[0]] = start + dur, f
+                    if end > lane_free[w[0]]:
+                        lane_free[w[0]], lane_last[w[0]] = end, f
                     seq += 1
-                    heapq.heappush(events, (start + dur, seq, f))
+                    heapq.heappush(events, (end, seq, f))
+                    if slow:
+                        due[f] = end
+                        members.append(f)
+                if slow:
+                    waiting.append((start + dur, members))
+
+        def release() -> None:
+            """A core came free: the transfers that waited for one end at their quiet time, or now."""
+            nonlocal seq
+            for quiet_end, members in waiting:
+                end = max(now, quiet_end)
+                for f in members:
+                    if due[f] <= end:  # over already (-1), or ending by then anyway
+                        continue
+                    due[f] = end
+                    r = out_rank[f]
+                    if lane_last[r] == f:
+                        lane_free[r] = end
+                    seq += 1
+                    heapq.heappush(events, (end, seq, f))
+            waiting.clear()
 
         def schedule(r: int) -> None:
             nonlocal seq, busy_count, rate
@@ -265,6 +290,8 @@ class Engine:
         for r in self.reps:
             schedule(r)
         start_all()
+        if waiting and busy_count < cores:
+            release()
         while events or vevents:
             t_real = events[0][0] if events else INF
             t_virt = now + (vevents[0][0] - V) / rate if vevents else INF
@@ -275,12 +302,19 @@ class Engine:
                 now = t_real
             dirty = set()
             while events and events[0][0] <= now:
-                dirty.add(finish(heapq.heappop(events)[2]))
+                t, _, f = heapq.heappop(events)
+                if f in due:
+                    if due[f] != t:
+                        continue  # a transfer that ended early (or is over): this was its old end
+                    due[f] = -1.0
+                dirty.add(finish(f))
             while vevents and vevents[0][0] <= V:
                 dirty.add(finish(heapq.heappop(vevents)[2]))
             for r in sorted(dirty):
                 schedule(r)
             start_all()
+            if waiting and busy_count < cores:
+                release()
         stuck = [r for r, g in graphs.items() if not g.finished()]
         if stuck:
             from .sim_errors import SimulationError

@@ -36,8 +36,8 @@ class FiringCost:
     nbytes: bytes this rank sends (communication), else 0.
     overhead: the runtime's share of ``seconds`` (firing overhead), the rest is the kernel or transfer.
     busy_extra: communication only, the seconds the transfer takes longer while every core of the
-        machine computes (``CommFit.busy_alpha``); the engine adds the share of it that the cores
-        busy at the transfer's start call for.
+        machine computes (``CommFit.busy_alpha``); the engine adds it to a transfer that starts while
+        every core computes, for as long as none comes free.
     """
 
     seconds: float
