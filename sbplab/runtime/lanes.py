@@ -8,6 +8,13 @@ slice), and a Python callback on Gloo's thread would make the next collective wa
 Instead the scheduler picks up completions itself: without blocking, whenever it passes by
 (collectives report completion), and by waiting on the oldest operation in flight when it has
 nothing else to do (why that cannot deadlock: see ``CommLane``).
+
+After posting on CPU the scheduler yields its core once. Posting wakes one of Gloo's threads, and
+Linux puts a woken thread on the waker's core, behind it: had the scheduler gone straight on to a
+kernel, the message would often leave only when that kernel ended or the next scheduler tick came.
+Measured with plain Gloo on 2 ranks, a send followed by 1 ms of compute: the 90th percentile of its
+delivery went from 1.1 ms to 0.1 ms with the yield.
+
 On CUDA each lane also owns a stream: a firing makes its lane's stream wait on the events of its
 inputs and records an event for its outputs, so the CPU only enqueues work and never waits for
 the GPU; NCCL's ``wait()`` is itself a stream wait, so a posted operation is complete for the
@@ -17,6 +24,7 @@ scheduler at once.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import traceback
@@ -151,6 +159,8 @@ class CommLane:
                                          and self.backend not in kind_for(actor).unpolled_on)
         self.posted.append(_Posted(node, k, pend, t0, pollable, None))
         self.pollable += pollable
+        if pend.work is not None:
+            os.sched_yield()  # let the backend's thread we just woke run before the next kernel (see above)
 
     def ready(self) -> list[tuple]:
         """Completions available now, without blocking.
