@@ -1,8 +1,9 @@
 """Is the searched strategy really as fast as the best preset? Measured on real workers, side by side.
 
 For each zoo model on 2 and 4 Gloo ranks of this machine: ``sl.search`` on a Hardware calibrated on
-this cluster (``cluster.calibrate()``; ``--spec`` uses the ``cpu_box`` spec sheet instead), then the
-searched strategy and every applicable preset are compiled and run for real. Time per step is what a
+this cluster (``cluster.calibrate()``; ``--spec`` uses the ``cpu_box`` spec sheet instead), its
+finalists measured on the cluster (``measure_on``; ``--simulate-only``: picked by ``sl.simulate``
+alone), then the searched strategy and every applicable preset are compiled and run for real, anew. Time per step is what a
 user waits for: (wall time of ``cluster.run`` with 1 + N steps - wall time with 1 step) / N, with N
 at least ``--steps`` and large enough for about 0.3 s of predicted work (tiny steps need many), rounds
 interleaved (searched, preset 1, preset 2, ..., searched, ...). Printed per model: each strategy's
@@ -13,6 +14,7 @@ once, marked ``searched =``, and the ratio is its time over the best measured pr
 is that preset).
 
     .venv/bin/python benchmarks/bench_search_measured.py [--rounds 3] [--steps 6] [--ranks 2,4] [--spec]
+                                                        [--simulate-only]
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ def wall_per_step(cluster: sl.LocalCluster, step, batch, n: int) -> float:
     return ((t2 - t1) - (t1 - t0)) / n
 
 
-def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, rounds: int, steps: int) -> float:
+def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, rounds: int, steps: int,
+          measure: bool) -> float:
     model, xs, y, loss_fn = zoo_model(kind, mlp_width=256)  # xs: the model's inputs (Wide&Deep takes two)
     opt = sl.SGD(lr=0.05)
-    res = sl.search(model, xs, loss_fn=loss_fn, target=y, optimizer=opt, devices=ranks, hardware=hw, seed=0)
+    res = sl.search(model, xs, loss_fn=loss_fn, target=y, optimizer=opt, devices=ranks, hardware=hw, seed=0,
+                    measure_on=cluster if measure else None)
     # a preset the search chose is run once, under its own name: timing it twice would only compare noise
     chosen = next((p for p in res.presets if p is res.best), None)
     entries = [] if chosen else [("searched: " + res.best.describe(), res.strategy)]
@@ -90,6 +94,8 @@ def main() -> None:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--models", default="mlp,gpt,cnn,wide_deep")
     ap.add_argument("--spec", action="store_true", help="use the cpu_box spec sheet, no calibration")
+    ap.add_argument("--simulate-only", action="store_true",
+                    help="the search picks by sl.simulate alone (no measure_on: its finalists are not run)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     ratios = []
@@ -97,7 +103,8 @@ def main() -> None:
         with sl.LocalCluster(ranks) as cluster:
             hw = sl.Hardware.cpu_box() if args.spec else cluster.calibrate()
             for kind in args.models.split(","):
-                ratios.append((kind, ranks, bench(kind, ranks, cluster, hw, args.rounds, args.steps)))
+                ratios.append((kind, ranks, bench(kind, ranks, cluster, hw, args.rounds, args.steps,
+                                                  not args.simulate_only)))
     print("\nsearched / best measured preset: " + ", ".join(f"{k} x{r} {q:.2f}" for k, r, q in ratios))
 
 

@@ -102,7 +102,7 @@ def test_sweep_plans_are_valid_plans_on_a_2x2_mesh(kind):
 
 def test_busy_plans_compute_beside_their_transfers():
     """The busy sweep's plans: every rank spins from tick to the step's end beside its collectives, and
-    every pair of ranks ping-pongs with a compute burst before each reply."""
+    every pair of ranks ping-pongs with a compute burst before each reply and another after it."""
     plan = collective_plan("all_reduce", comm_axes(4)[0], (1024,), 4, "cpu", spins=5)
     for r in range(4):
         names = [a.name for a in plan.ranks[r].actors]
@@ -114,7 +114,9 @@ def test_busy_plans_compute_beside_their_transfers():
     for responder in (1, 3):
         spin = next(a for a in games.ranks[responder].actors if a.name == "spin0")
         pong = next(a for a in games.ranks[responder].actors if a.name == "pong0")
-        assert spin.attrs == {"us": 500.0} and [x.actor for x in pong.inputs] == ["spin0"]
+        rest = next(a for a in games.ranks[responder].actors if a.name == "rest0")
+        assert spin.attrs == rest.attrs == {"us": 500.0} and [x.actor for x in pong.inputs] == ["spin0"]
+        assert [x.actor for x in rest.inputs] == ["spin0"]  # computes on while the reply leaves
 
 
 @pytest.mark.parametrize("preset", [Hardware.h100_node(), Hardware.h100_ib(2), Hardware.a100_node()],

@@ -13,9 +13,10 @@ How: the quiet sweep's own plans, the two smallest sizes, with a chain of spinni
 finished collective between two kernels, as in a training step. A sample counts only when its
 transfer ended before its rank's spinning did; a kind the backend cannot poll (Gloo's
 reduce-scatter) is seen finished only when the spinning ends, so it gets no busy figure. For point
-to point, every pair of ranks ping-pongs at once and each reply waits for a compute burst, as
-pipeline stages do (``p2p_plan``); the burst is taken off the round trip. busy_alpha is the median
-over steps and sizes of ``(seconds - bytes / bandwidth) / rounds``, never below the quiet alpha.
+to point, every pair of ranks ping-pongs at once and each reply comes between two compute bursts,
+as pipeline stages do (``p2p_plan``); the first burst is taken off the round trip. busy_alpha is
+the mean over steps and sizes of ``(seconds - bytes / bandwidth) / rounds``, never below the quiet
+alpha.
 Measured only where the computing ranks fill the cores (n >= cores for collectives, n / 2 >= cores
 for point to point); elsewhere it stays None and transfers cost their quiet time.
 """
@@ -23,12 +24,13 @@ for point to point); elsewhere it stays None and transfers cost their quiet time
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 from ..boxing.kinds import kind_of
 from ..hardware import CommFit
 from .calibrate_comm import ITEM, collective_plan, comm_axes, p2p_plan, sent_bytes
-from .calibration_common import SPIN_US, WARMUP_STEPS, median, run_measurement, spin_ends
+from .calibration_common import SPIN_US, WARMUP_STEPS, run_measurement, spin_ends
 from .trace import Trace
 
 BURST_US = 500.0  # a pipeline stage's compute between its receive and its send, in the point-to-point game
@@ -54,9 +56,11 @@ def _busy_seconds(trace: Trace, actor: str, ranks: set[int], spun: dict[tuple[in
 
 
 def _busy_alpha(fit: CommFit, rounds: int, points: list[tuple[int, list[float]]]) -> float | None:
-    """The median per-round wait of the busy samples ((bytes, seconds per step) per size), or None."""
+    """The mean per-round time of the busy samples ((bytes, seconds per step) per size), or None. The
+    mean, not the median: a wait for a core is either nothing or up to a scheduler tick, and a step
+    pays what it costs on average."""
     per_round = [(t - b / fit.bandwidth) / rounds for b, ts in points for t in ts]
-    return max(fit.alpha, median(per_round, f"busy {fit.kind}")) if per_round else None
+    return max(fit.alpha, statistics.fmean(per_round)) if per_round else None
 
 
 def measure_busy(cluster, fits: list[CommFit], sizes: tuple[int, ...], repeats: int,

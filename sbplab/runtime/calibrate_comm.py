@@ -129,9 +129,9 @@ def p2p_plan(sizes: tuple[int, ...], n: int, device_type: str, burst_us: float =
     """Rank 0 sends each size to rank 1 (``ping{i}``), which sends it straight back (``pong{i}``).
 
     ``burst_us``: every pair of ranks (2j, 2j + 1) plays the same game at once, and each reply waits
-    for a compute burst of that many us (``spin{i}``), as a pipeline stage computes between its
-    receive and its send: the pairs' bursts then keep the cores busy while the others' messages
-    arrive."""
+    for a compute burst of that many us (``spin{i}``) and is followed by another (``rest{i}``), as a
+    pipeline stage computes between its receive and its send and goes on with the next micro-batch:
+    the bursts keep the cores busy while the messages arrive."""
     pairs = [(a, a + 1) for a in range(0, n - 1, 2)] if burst_us else [(0, 1)]
     ranks: dict[int, list[Actor]] = {}
     for a, b in pairs:
@@ -143,9 +143,11 @@ def p2p_plan(sizes: tuple[int, ...], n: int, device_type: str, burst_us: float =
                      Send(f"ping{i}", inputs=(f"g{i}",), peer=b, tag=2 * i, scope="step", registers=1),
                      Recv(f"pong{i}", peer=b, tag=2 * i + 1, shape=tuple(x.shape), scope="step", registers=1)]
             reply = f"ping{i}"
-            if burst_us:
-                pong.append(Compute(f"spin{i}", op=SPIN, inputs=(reply,), attrs={"us": burst_us}, scope="step",
-                                    registers=1))
+            if burst_us:  # compute, reply, compute on: the reply's wake-ups find this core busy
+                pong += [Compute(f"spin{i}", op=SPIN, inputs=(reply,), attrs={"us": burst_us}, scope="step",
+                                 registers=1),
+                         Compute(f"rest{i}", op=SPIN, inputs=(f"spin{i}",), attrs={"us": burst_us}, scope="step",
+                                 registers=1)]
                 reply = f"spin{i}"
             pong += [Recv(f"ping{i}", peer=a, tag=2 * i, shape=tuple(x.shape), scope="step", registers=1),
                      Send(f"pong{i}", inputs=(reply,), peer=a, tag=2 * i + 1, scope="step", registers=1)]

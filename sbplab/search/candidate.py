@@ -28,6 +28,7 @@ class Candidate:
     stage_of_op: list[int] | None = field(default=None, repr=False)
     simulated_time: float | None = None  # sl.simulate's step time, when re-ranked
     simulated_memory: int | None = None
+    measured_time: float | None = None  # seconds per step on real workers (``sl.search(measure_on=...)``)
     note: str = ""
     bucket_mb: float = DEFAULT_BUCKET_MB  # gradient bucket size (the re-rank may choose another)
     _strategy: Strategy | None = field(default=None, repr=False)

@@ -10,7 +10,8 @@ The presets the analytic model likes best are simulated beside the searched fina
 model sums costs, the runtime overlaps and buckets them, and deduction may derive backward layouts the
 model did not assume; so a preset can be faster than every searched candidate in the simulator's eyes.
 Then the preset wins, and a note says so: the search never hands back a strategy the simulator predicts
-slower than a preset it simulated.
+slower than a preset it simulated. Given a cluster (``sl.search(measure_on=...)``), every preset joins
+the finalists, they all run on it, and the fastest measured wins (``measure.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 
 from ..hardware import Hardware
 from .candidate import Candidate
+from .measure import ROUNDS as MEASURE_ROUNDS
+from .measure import measure_finalists
 from .result import Predicted
 
 BUCKET_MB_CHOICES = (0.0, 1.0, 4.0, 25.0, 100.0)  # MiB; 0: every gradient reduced on its own
@@ -88,17 +91,23 @@ def tune_buckets(c: Candidate, step: Any, hw: Hardware, notes: list[str], memory
         c.simulated_time, c.bucket_mb, c.simulated_memory = best
 
 
-def rerank_units(top: int, presets: int, tune: bool = True) -> int:
-    """Units of progress ``rerank`` reports: each finalist and preset simulated, each bucket size tried."""
-    return top + min(top, presets) + (len(BUCKET_MB_CHOICES) - 1 if tune and top > 0 else 0)
+def rerank_units(top: int, presets: int, tune: bool = True, measure: bool = False) -> int:
+    """Units of progress ``rerank`` reports: each finalist and preset simulated (and, measuring, each
+    one's turn in every round), each bucket size tried."""
+    finalists = top + (presets if measure else min(top, presets))
+    return finalists * (1 + (MEASURE_ROUNDS if measure else 0)) + (len(BUCKET_MB_CHOICES) - 1 if tune and top > 0
+                                                                   else 0)
 
 
 def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
            target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
            notes: list[str], on_each: Callable[[Candidate | None], None] | None = None,
-           presets: list[Candidate] = (), tune: bool = True, units: int | None = None) -> tuple[Candidate, Predicted]:
+           presets: list[Candidate] = (), tune: bool = True, units: int | None = None,
+           measure: tuple[Any, tuple] | None = None) -> tuple[Candidate, Predicted]:
     """The winner among ``ranked`` (cheapest first) and the ``top`` analytically cheapest of ``presets``,
     and its prediction; with ``tune``, then the winner's gradient bucket size (``tune_buckets``).
+    ``measure``: (cluster, batch): every preset is simulated too, the simulated finalists also run on
+    the cluster, and the fastest measured wins (``measure.py``).
     ``on_each`` is called once per unit of progress, ``units`` times in all (default ``rerank_units``),
     a unit without work too, so a progress bar ends where it was planned to."""
     ticks = [0]
@@ -110,16 +119,17 @@ def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple,
 
     try:
         return _rerank(ranked, top, model, xs, loss_fn, target, optimizer, hw, memory_limit, notes, tick, presets,
-                       tune)
+                       tune, measure)
     finally:
-        for _ in range((rerank_units(top, len(presets), tune) if units is None else units) - ticks[0]):
+        for _ in range((rerank_units(top, len(presets), tune, measure is not None) if units is None else units)
+                       - ticks[0]):
             tick()
 
 
 def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
             target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
             notes: list[str], tick: Callable[..., None], presets: list[Candidate],
-            tune: bool) -> tuple[Candidate, Predicted]:
+            tune: bool, measure: tuple[Any, tuple] | None) -> tuple[Candidate, Predicted]:
     first = ranked[0]
     analytic = Predicted(first.step_time, first.memory, "analytic", first.step_time, first.memory)
     if top <= 0 or _simulator() is None:
@@ -128,7 +138,7 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple
         return first, analytic
     simulated = []
     rivals = sorted((p for p in presets if p.feasible(memory_limit) and p.step_time < float("inf")),
-                    key=lambda p: p.step_time)[:top]
+                    key=lambda p: p.step_time)[:None if measure is not None else top]  # measuring: every preset
     steps: dict[int, Any] = {}
     for c in ranked[:top] + rivals:
         try:
@@ -143,10 +153,11 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple
             simulated.append(c)
     if not simulated:
         return first, analytic
-    best = min(simulated, key=lambda c: (c.simulated_time, c.method == "preset"))  # a tie: the searched one
-    if best.method == "preset":  # a preset stays as its maker wrote it
+    by_sim = min(simulated, key=lambda c: (c.simulated_time, c.method == "preset"))  # a tie: the searched one
+    best = by_sim if measure is None else measure_finalists(simulated, steps, *measure, notes, MEASURE_ROUNDS, tick)
+    if best.method == "preset" and best is by_sim:  # a preset stays as its maker wrote it
         notes.append(f"no searched candidate was predicted faster than the preset {best.label!r} by sl.simulate "
                      f"({best.simulated_time * 1e3:.4g} ms/step), so the search returns that preset")
-    elif tune:
+    elif best.method != "preset" and tune:
         tune_buckets(best, steps[id(best)], hw, notes, memory_limit, tick)
     return best, Predicted(best.simulated_time, best.simulated_memory, "simulator", best.step_time, best.memory)

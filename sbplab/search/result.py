@@ -59,12 +59,15 @@ class SearchResult:
 
     def table(self) -> str:
         """The searched strategy and every applicable preset, by predicted step time and memory."""
-        rows = [("strategy", "analytic ms", "memory/device", "simulated ms", "vs searched")]
+        measured = any(c.measured_time is not None for c in self.listed())
+        rows = [("strategy", "analytic ms", "memory/device", "simulated ms", *(("measured ms",) if measured else ()),
+                 "vs searched")]
         base = self.best.step_time
         for c in self.listed():
             sim = f"{c.simulated_time * 1e3:.4g}" if c.simulated_time is not None else "-"
+            meas = (f"{c.measured_time * 1e3:.4g}" if c.measured_time is not None else "-",) if measured else ()
             rel = f"{c.step_time / base:.2f}x" if base > 0 else "-"
-            rows.append((c.describe(), f"{c.step_time * 1e3:.4g}", fmt_bytes(c.memory), sim, rel))
+            rows.append((c.describe(), f"{c.step_time * 1e3:.4g}", fmt_bytes(c.memory), sim, *meas, rel))
         w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w[i]) if i == 0 else v.rjust(w[i]) for i, v in enumerate(r)) for r in rows]
         head = f"sl.search({self.method}) in {self.seconds:.2f} s" + \

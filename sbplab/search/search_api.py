@@ -81,6 +81,26 @@ def _check_args(devices: object, hardware: object, memory_limit: object, method:
         raise SearchError(f"sl.search: time_budget must be a positive number of seconds or None, got {time_budget!r}")
 
 
+def _measure_args(cluster: Any, devices: int, top: int, xs: tuple, target: torch.Tensor | None) -> tuple | None:
+    """(cluster, batch) to measure the finalists with, or None; a cluster that cannot serve says why."""
+    if cluster is None:
+        return None
+    if not (hasattr(cluster, "run") and hasattr(cluster, "n")):
+        raise SearchError(f"sl.search: measure_on must be a LocalCluster (spawned or external workers), got "
+                          f"{type(cluster).__name__}")
+    if cluster.n != devices:
+        raise SearchError(f"sl.search: measure_on has {cluster.n} ranks but the search is for devices={devices}; "
+                          f"measure on a cluster of {devices} ranks")
+    if top <= 0:
+        raise SearchError("sl.search: measure_on runs the finalists of the simulated re-rank; it needs "
+                          "rerank_top > 0 and simulate=True")
+    batch = (*xs, target) if target is not None else xs
+    if any(isinstance(t, torch.Tensor) and t.is_meta for t in batch):
+        raise SearchError("sl.search: measure_on trains on the given batch, so inputs and target must be real "
+                          "tensors, not meta ones")
+    return cluster, batch
+
+
 def _identity_mesh(shape: tuple[int, ...], hw: Hardware) -> MeshChoice:
     """The mesh a preset's placement means: axis a on link a (row-major ranks, as ``as_mesh`` lays them)."""
     last = len(hw.axis_bandwidth) - 1
@@ -105,7 +125,8 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
            memory_limit: float | None = None, method: str = "auto", time_budget: float | None = None,
            seed: int = 0, *, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
            node_size: int | None = None, max_mesh_ndim: int = 2, reduce: bool | None = None,
-           rerank_top: int = 3, simulate: bool = True, on_progress: ProgressCallback | None = None) -> SearchResult:
+           rerank_top: int = 3, simulate: bool = True, on_progress: ProgressCallback | None = None,
+           measure_on: Any = None) -> SearchResult:
     """Search strategies for ``model`` (traced like ``sl.compile``) on ``devices`` ranks of ``hardware``.
 
     memory_limit: bytes per device no strategy may exceed (analytic memory; the simulator's where
@@ -117,6 +138,10 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
         ``sl.simulate``; a preset the simulator predicts faster than every searched candidate wins.
     on_progress: called with a ``SearchProgress`` after each unit of work (a preset priced, a space
         solved, a finalist simulated) and once at the end; for a progress bar. Without it nothing extra runs.
+    measure_on: a ``LocalCluster`` of ``devices`` ranks: the finalists the re-rank simulated, and every
+        preset, also run on it for a few steps, and the fastest measured wins (``measure.py``); each gets
+        ``measured_time``.
+        ``inputs`` and ``target`` must then be real tensors (the batch the runs train on).
     """
     if not isinstance(model, torch.nn.Module):
         raise SearchError(f"sl.search needs a torch.nn.Module to search strategies for, got {type(model).__name__}")
@@ -126,6 +151,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
                           f"{type(on_progress).__name__}")
     hw = hardware or Hardware.cpu_box()
     xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    measure = _measure_args(measure_on, int(devices), rerank_top if simulate else 0, xs, target)
     space = Space(model, xs, loss_fn, target, optimizer, hw)
     try:
         base = space.graph(1)
@@ -140,7 +166,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines and report.active else None
     specs = applicable_presets(int(devices), space.batch, pipelines)
     top = max(0, rerank_top) if simulate else 0
-    finalists = rerank_units(top, len(specs))  # finalists and presets simulated, bucket sizes tried
+    finalists = rerank_units(top, len(specs), measure=measure is not None)  # finalists simulated (measured), buckets
     if report.active:  # the whole plan up front, so the bar moves steadily
         report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces or ()) * len(zero_levels)
                     + finalists)
@@ -178,7 +204,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     feasible.sort(key=lambda c: c.step_time)
     best, predicted = rerank(feasible, top, model, xs, loss_fn, target, optimizer, hw, memory_limit, notes,
                              on_each=(lambda c: report.step("simulating")) if report.active else None,
-                             presets=presets, units=finalists)
+                             presets=presets, units=finalists, measure=measure)
     report.finish(best)
     return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
                         method, clock.elapsed(), notes)

@@ -1,0 +1,74 @@
+"""Measuring the finalists on real workers: the last word where the simulator's figures fall short.
+
+The simulator predicts from calibrated figures. On a machine whose ranks fill or outnumber its cores
+(4 CPU ranks on 2 cores) the step time also depends on scheduling waits of up to a scheduler tick,
+which come and go with what runs beside a transfer; a calibration captures their average, not
+which strategy they hit hardest. So, as Alpa profiles its stage candidates on the real devices,
+``sl.search(..., measure_on=cluster)`` runs the finalists the re-rank simulated (the searched ones
+and every applicable preset) on ``cluster`` and keeps the fastest measured one: measured that way,
+the result is never slower than a preset, up to the machine's noise between two timings.
+
+Each finalist runs as a user would time it: the wall time of ``cluster.run`` with 1 + n steps minus
+that of 1 step, over n; n gives each run about ``seconds`` of predicted work. The finalists take
+turns, round after round (a slow moment of the machine then hits them all), and each keeps the
+median of its rounds. A preset that measures fastest wins, with a note, as in the simulated re-rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .candidate import Candidate
+
+ROUNDS = 3
+SECONDS = 0.15  # predicted work per timed run
+MAX_STEPS = 100
+
+
+def _steps_for(c: Candidate) -> int:
+    return max(3, min(MAX_STEPS, int(SECONDS / max(c.simulated_time or c.step_time, 1e-4))))
+
+
+def _wall_per_step(cluster: Any, step: Any, batch: tuple, n: int) -> float:
+    t0 = time.perf_counter()
+    cluster.run(step, batch, steps=1, progress=False, params=False, trace=False)
+    t1 = time.perf_counter()
+    cluster.run(step, batch, steps=1 + n, progress=False, params=False, trace=False)
+    t2 = time.perf_counter()
+    return max(0.0, (t2 - t1) - (t1 - t0)) / n
+
+
+def measure_finalists(finalists: list[Candidate], steps: dict[int, Any], cluster: Any, batch: tuple,
+                      notes: list[str], rounds: int = ROUNDS,
+                      tick: Callable[[], None] = lambda: None) -> Candidate:
+    """Run every finalist (``steps``: its compiled step by ``id``) on ``cluster``; set each one's
+    ``measured_time`` and return the fastest (a tie goes to a searched one; if none can run, the one
+    the simulator preferred). ``tick()`` after each finalist's turn in a round."""
+    runs = {id(c): _steps_for(c) for c in finalists}
+    times: dict[int, list[float]] = {id(c): [] for c in finalists}
+    failed: set[int] = set()
+    for _ in range(rounds):
+        for c in finalists:
+            if id(c) not in failed:
+                try:
+                    times[id(c)].append(_wall_per_step(cluster, steps[id(c)], batch, runs[id(c)]))
+                except Exception as e:  # noqa: BLE001 - one finalist that cannot run is reported, not fatal
+                    failed.add(id(c))
+                    notes.append(f"{c.describe()} could not be measured on the cluster: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}")
+            tick()
+    ran = [c for c in finalists if id(c) not in failed]
+    by_sim = min(finalists, key=lambda c: (c.simulated_time, c.method == "preset"))
+    if not ran:
+        return by_sim
+    for c in ran:
+        c.measured_time = statistics.median(times[id(c)])
+    best = min(ran, key=lambda c: (c.measured_time, c.method == "preset"))
+    if best is not by_sim and by_sim.measured_time is not None:
+        notes.append(f"measured on the cluster, {best.describe()} ran fastest ({best.measured_time * 1e3:.4g} "
+                     f"ms/step), not {by_sim.describe()} that sl.simulate preferred "
+                     f"({by_sim.measured_time * 1e3:.4g} ms/step measured)")
+    return best
