@@ -9,9 +9,9 @@ and every applicable preset) on ``cluster`` and keeps the fastest measured one: 
 the result is never slower than a preset, up to the machine's noise between two timings.
 
 Each finalist runs as a user would time it: the wall time of ``cluster.run`` with 1 + n steps minus
-that of 1 step, over n; n gives each run about ``seconds`` of predicted work. The finalists take
-turns, round after round (a slow moment of the machine then hits them all), and each keeps the
-median of its rounds. A preset that measures fastest wins, with a note, as in the simulated re-rank.
+that of 1 step, over n. A first short round (3 steps each, not counted) sizes n so that each run
+takes about ``SECONDS``. The finalists take turns, round after round (a slow moment of the machine
+then hits them all), and each keeps the median of its rounds. A preset that measures fastest wins, with a note, as in the simulated re-rank.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 from .candidate import Candidate
 
 ROUNDS = 3
-SECONDS = 0.15  # predicted work per timed run
+SECONDS = 0.2  # wall time of one timed run
 MAX_STEPS = 100
 
 
-def _steps_for(c: Candidate) -> int:
-    return max(3, min(MAX_STEPS, int(SECONDS / max(c.simulated_time or c.step_time, 1e-4))))
+def _steps_for(per_step: float) -> int:
+    return max(3, min(MAX_STEPS, int(SECONDS / max(per_step, 1e-4))))
 
 
 def _wall_per_step(cluster: Any, step: Any, batch: tuple, n: int) -> float:
@@ -47,14 +47,18 @@ def measure_finalists(finalists: list[Candidate], steps: dict[int, Any], cluster
     """Run every finalist (``steps``: its compiled step by ``id``) on ``cluster``; set each one's
     ``measured_time`` and return the fastest (a tie goes to a searched one; if none can run, the one
     the simulator preferred). ``tick()`` after each finalist's turn in a round."""
-    runs = {id(c): _steps_for(c) for c in finalists}
+    runs = {id(c): 3 for c in finalists}  # a first, short round sizes the runs by what each really takes
     times: dict[int, list[float]] = {id(c): [] for c in finalists}
     failed: set[int] = set()
-    for _ in range(rounds):
+    for r in range(rounds + 1):
         for c in finalists:
             if id(c) not in failed:
                 try:
-                    times[id(c)].append(_wall_per_step(cluster, steps[id(c)], batch, runs[id(c)]))
+                    t = _wall_per_step(cluster, steps[id(c)], batch, runs[id(c)])
+                    if r == 0:
+                        runs[id(c)] = _steps_for(t)
+                    else:
+                        times[id(c)].append(t)
                 except Exception as e:  # noqa: BLE001 - one finalist that cannot run is reported, not fatal
                     failed.add(id(c))
                     notes.append(f"{c.describe()} could not be measured on the cluster: {type(e).__name__}: "

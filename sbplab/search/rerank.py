@@ -95,7 +95,7 @@ def rerank_units(top: int, presets: int, tune: bool = True, measure: bool = Fals
     """Units of progress ``rerank`` reports: each finalist and preset simulated (and, measuring, each
     one's turn in every round), each bucket size tried."""
     finalists = top + (presets if measure else min(top, presets))
-    return finalists * (1 + (MEASURE_ROUNDS if measure else 0)) + (len(BUCKET_MB_CHOICES) - 1 if tune and top > 0
+    return finalists * (1 + (MEASURE_ROUNDS + 1 if measure else 0)) + (len(BUCKET_MB_CHOICES) - 1 if tune and top > 0
                                                                    else 0)
 
 
