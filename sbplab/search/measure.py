@@ -73,6 +73,6 @@ def measure_finalists(finalists: list[Candidate], steps: dict[int, Any], cluster
     best = min(ran, key=lambda c: (c.measured_time, c.method == "preset"))
     if best is not by_sim and by_sim.measured_time is not None:
         notes.append(f"measured on the cluster, {best.describe()} ran fastest ({best.measured_time * 1e3:.4g} "
-                     f"ms/step), not {by_sim.describe()} that sl.simulate preferred "
-                     f"({by_sim.measured_time * 1e3:.4g} ms/step measured)")
+                     f"ms/step); sl.simulate preferred {by_sim.describe()}, which measured "
+                     f"{by_sim.measured_time * 1e3:.4g} ms/step")
     return best
