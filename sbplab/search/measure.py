@@ -11,7 +11,8 @@ the result is never slower than a preset, up to the machine's noise between two 
 Each finalist runs as a user would time it: the wall time of ``cluster.run`` with 1 + n steps minus
 that of 1 step, over n. A first short round (3 steps each, not counted) sizes n so that each run
 takes about ``SECONDS``. The finalists take turns, round after round (a slow moment of the machine
-then hits them all), and each keeps the median of its rounds. A preset that measures fastest wins, with a note, as in the simulated re-rank.
+then hits them all), and each keeps the median of its rounds. A preset that measures fastest wins,
+with a note, as in the simulated re-rank.
 """
 
 from __future__ import annotations
