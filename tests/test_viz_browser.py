@@ -87,6 +87,11 @@ def test_8x8_layout_picture_in_a_narrow_cell(page):
         assert got["width"] > got["box"]  # bigger than the cell: it scrolls rather than shrinks
 
 
+def _settle(page) -> None:
+    """Wait for the next two frames: layout and any re-render a click queued have happened."""
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
 def _model_builder_page(model: str, **config) -> str:
     """The ModelBuilder's front end with its Python state, over a stand-in for anywidget's model."""
     from sbplab.widgets.model_builder import ModelBuilder
@@ -112,6 +117,7 @@ def test_model_builder_graph_starts_top_left_and_fills_its_box(page):
     for model, config in (("gpt", {"n_layer": 2}), ("mlp", {"n_blocks": 1})):
         page.set_content(_model_builder_page(model, **config))
         page.wait_for_function("window.rendered === true")
+        _settle(page)
         got = page.evaluate(MEASURE, "[data-testid=logical-graph]")
         assert abs(got["left"]) <= 1 and abs(got["top"]) <= 1, model  # anchored at the box's top left
         assert got["width"] >= got["box"] - 1, model  # fills the box's width
@@ -119,6 +125,8 @@ def test_model_builder_graph_starts_top_left_and_fills_its_box(page):
         assert got["firstShown"], model  # the graph's first node is in view, not a blank corner
         w0 = got["width"]
         page.click("[data-testid=zoom-in]")
+        _settle(page)
         assert page.evaluate(MEASURE, "[data-testid=logical-graph]")["width"] == pytest.approx(w0 * 1.25, rel=0.01)
         page.click("[data-testid=zoom-reset]")
+        _settle(page)
         assert page.evaluate(MEASURE, "[data-testid=logical-graph]")["width"] == pytest.approx(w0, abs=1)
