@@ -21,21 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from bench_simulator import model as zoo_model  # the same small zoo models (scripts run from benchmarks/)
 
 import sbplab as sl
-
-
-def wall_per_step(cluster: sl.LocalCluster, step, batch, n: int) -> float:
-    t0 = time.perf_counter()
-    cluster.run(step, batch, steps=1, progress=False, params=False, trace=False)
-    t1 = time.perf_counter()
-    cluster.run(step, batch, steps=1 + n, progress=False, params=False, trace=False)
-    t2 = time.perf_counter()
-    return ((t2 - t1) - (t1 - t0)) / n
+from sbplab.search.measure import wall_per_step
 
 
 def bench(kind: str, ranks: int, cluster: sl.LocalCluster, hw: sl.Hardware, rounds: int, steps: int,

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from ..boxing.kinds import kind_of
 from ..hardware import CommFit
-from .calibrate_comm import ITEM, collective_plan, comm_axes, p2p_plan, sent_bytes
+from .calibrate_comm import ITEM, collective_plan, comm_axes, message_seconds, p2p_plan, sent_bytes
 from .calibration_common import SPIN_US, WARMUP_STEPS, run_measurement, spin_ends
 from .trace import Trace
 
@@ -87,12 +87,7 @@ def measure_busy(cluster, fits: list[CommFit], sizes: tuple[int, ...], repeats: 
     if p2p is not None and n // 2 >= cores:
         games = small * GAMES  # the pairs fall into step with each other after the first few games
         trace = run_measurement(cluster, p2p_plan(games, n, cluster.device_type, BURST_US), repeats, timeout=120.0)
-        points = []
-        for i, size in enumerate(games):
-            sent = {e.step: e for e in trace.select(rank=0, actor=f"ping{i}") if e.step >= WARMUP_STEPS}
-            back = {e.step: e for e in trace.select(rank=0, actor=f"pong{i}") if e.step >= WARMUP_STEPS}
-            burst = {e.step: e.dur for e in trace.select(rank=1, actor=f"spin{i}")}
-            points.append((max(1, size // ITEM) * ITEM, [(back[s].end - sent[s].start - burst[s]) / 2e6
-                                                   for s in sorted(sent) if s in back and s in burst]))
+        points = [(max(1, size // ITEM) * ITEM, list(message_seconds(trace, i).values()))
+                  for i, size in enumerate(games)]
         out["send_recv", None, 2] = replace(p2p, busy_alpha=_busy_alpha(p2p, 1, points))
     return list(out.values())

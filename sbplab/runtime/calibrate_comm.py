@@ -157,6 +157,15 @@ def p2p_plan(sizes: tuple[int, ...], n: int, device_type: str, burst_us: float =
                            name="calibrate-send-recv" + ("-busy" if burst_us else ""))
 
 
+def message_seconds(trace: Trace, i: int) -> dict[int, float]:
+    """Per steady step, half of game ``i``'s round trip on rank 0 (ping posted to pong received), with the
+    responder's compute burst before its reply (``spin{i}``, if any) taken off: one message's time."""
+    sent = {e.step: e for e in trace.select(rank=0, actor=f"ping{i}") if e.step >= WARMUP_STEPS}
+    back = {e.step: e for e in trace.select(rank=0, actor=f"pong{i}") if e.step >= WARMUP_STEPS}
+    burst = {e.step: e.dur for e in trace.select(rank=1, actor=f"spin{i}")}
+    return {s: (back[s].end - sent[s].start - burst.get(s, 0.0)) / 2e6 for s in sorted(sent) if s in back}
+
+
 def measure_p2p(cluster, sizes: tuple[int, ...], repeats: int) -> CommFit | None:
     """Half the round trip of each size between ranks 0 and 1, fitted per message; None on 1 rank."""
     if cluster.n < 2:
@@ -164,8 +173,6 @@ def measure_p2p(cluster, sizes: tuple[int, ...], repeats: int) -> CommFit | None
     trace = run_measurement(cluster, p2p_plan(sizes, cluster.n, cluster.device_type), repeats, timeout=120.0)
     points = []
     for i, size in enumerate(sizes):
-        sent = {e.step: e for e in trace.select(rank=0, actor=f"ping{i}") if e.step >= WARMUP_STEPS}
-        back = {e.step: e for e in trace.select(rank=0, actor=f"pong{i}") if e.step >= WARMUP_STEPS}
-        trips = [(back[s].end - sent[s].start) / 2e6 for s in sorted(sent) if s in back]
+        trips = list(message_seconds(trace, i).values())
         points.append((max(1, size // ITEM) * ITEM, median(trips, f"send_recv ping{i}")))
     return fit_alpha_beta("send_recv", None, 2, kind_of("send_recv").rounds(2, 1), points)

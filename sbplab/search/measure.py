@@ -33,7 +33,8 @@ def _steps_for(per_step: float) -> int:
     return max(3, min(MAX_STEPS, int(SECONDS / max(per_step, 1e-4))))
 
 
-def _wall_per_step(cluster: Any, step: Any, batch: tuple, n: int) -> float:
+def wall_per_step(cluster: Any, step: Any, batch: tuple, n: int) -> float:
+    """Seconds per step a user waits for: (wall time of 1 + n steps - wall time of 1 step) / n."""
     t0 = time.perf_counter()
     cluster.run(step, batch, steps=1, progress=False, params=False, trace=False)
     t1 = time.perf_counter()
@@ -55,7 +56,7 @@ def measure_finalists(finalists: list[Candidate], steps: dict[int, Any], cluster
         for c in finalists:
             if id(c) not in failed:
                 try:
-                    t = _wall_per_step(cluster, steps[id(c)], batch, runs[id(c)])
+                    t = wall_per_step(cluster, steps[id(c)], batch, runs[id(c)])
                     if r == 0:
                         runs[id(c)] = _steps_for(t)
                     else:

@@ -95,8 +95,9 @@ def rerank_units(top: int, presets: int, tune: bool = True, measure: bool = Fals
     """Units of progress ``rerank`` reports: each finalist and preset simulated (and, measuring, each
     one's turn in every round), each bucket size tried."""
     finalists = top + (presets if measure else min(top, presets))
-    return finalists * (1 + (MEASURE_ROUNDS + 1 if measure else 0)) + (len(BUCKET_MB_CHOICES) - 1 if tune and top > 0
-                                                                   else 0)
+    per_finalist = 1 + (MEASURE_ROUNDS + 1 if measure else 0)  # simulated; measured: sizing round + rounds
+    buckets = len(BUCKET_MB_CHOICES) - 1 if tune and top > 0 else 0
+    return finalists * per_finalist + buckets
 
 
 def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
