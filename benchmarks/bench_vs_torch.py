@@ -172,6 +172,8 @@ def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn):
         if rank == 0:
             conn.send((got[1] - got[0]) / n)
     dist.destroy_process_group()
+    conn.close()
+    os._exit(0)  # skip interpreter finalization: torch may abort tearing down Gloo's threads (pytorch#179291)
 
 
 # --- sbplab ----------------------------------------------------------------------------------------

@@ -125,6 +125,11 @@ def _train(rank: int, world: int, port: int, exp: DTensorExport, via_code: bool,
         queue.put((rank, losses))
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalization: Gloo's threads may still hold tensors then, and torch
+    # aborts the process while tearing them down (pytorch/pytorch#179291), after the work is done.
+    queue.close()
+    queue.join_thread()
+    os._exit(0)
 
 
 @pytest.mark.multiprocess
