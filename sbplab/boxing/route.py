@@ -18,6 +18,7 @@ from ..sbp import NdSbp, Partial, SbpParallel, fmt_sbp
 from .kinds import on_change
 from .state_graph import Key, StateGraph, state_graph
 from .state_graph import candidates as candidates  # where callers have always found it
+from .ticks import time_scale
 
 Hop = tuple[int, SbpParallel]  # (mesh axis, its new SBP)
 ZERO: Key = (0, 0, 0)
@@ -145,6 +146,21 @@ def routes_from(shape: tuple[int, ...], src: NdSbp, mesh_shape: tuple[int, ...],
     g = state_graph(shape, mesh_shape, itemsize, hardware, ops)
     done = _dijkstra(g, g.id(src))
     return {g.states[i]: Route(tuple(reversed(_walk(done, i))), k) for i, (k, _, _) in done.items()}
+
+
+def seconds_from(g: StateGraph, src: NdSbp) -> dict[NdSbp, float]:
+    """Seconds of the cheapest route from ``src`` to every state of ``g`` it reaches, without building
+    the routes.
+
+    Each route's step times (its ticks / ``time_scale``) are added in order from 0.0, as
+    ``BoxingPlan.time_s`` adds its steps, so a value equals the plan's to the last bit. States settle
+    after the state before them on their path, so one pass over the settled states in order does it."""
+    done = _dijkstra(g, g.id(src))
+    scale = time_scale(g.hardware)
+    secs: dict[int, float] = {}
+    for i, (key, prev, _) in done.items():
+        secs[i] = 0.0 if prev == -1 else secs[prev] + (key[0] - done[prev][0][0]) / scale
+    return {g.states[i]: t for i, t in secs.items()}
 
 
 @lru_cache(maxsize=1024)

@@ -5,7 +5,7 @@ thousands of times: every pair of signatures on every edge, every parameter's gr
 mesh and micro-batch size. ``plan_boxing`` answers one pair at a time (validation, a Dijkstra that
 stops at ``dst``, a plan that names real ranks). The search needs only the seconds, and asks about
 many destinations from the same source, so a table here runs the planner's Dijkstra once per source
-layout (``routes_from``: over the very state graph ``find_route`` searches, without stopping at one
+layout (``seconds_from``: over the very state graph ``find_route`` searches, without stopping at one
 target) and reads every destination off it. The seconds of a route are summed step by step, as
 ``BoxingPlan.time_s`` sums its steps, so a price is the plan's ``time_s``.
 
@@ -16,15 +16,32 @@ layers, ZeRO levels and every mesh of the same shape and links share them; a sea
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
 from ..boxing import plan_boxing
 from ..boxing.costs import edge_cost, state_ok
 from ..boxing.kinds import kind_of
-from ..boxing.route import Route, apply_hops, partial_ops, routes_from
+from ..boxing.route import Route, apply_hops, partial_ops, routes_from, seconds_from
+from ..boxing.state_graph import StateGraph, state_graph
 from ..compiler.deduction.deduce import is_local_change
 from ..hardware import Hardware
 from ..ops.registry import TensorMeta
 from ..placement import Placement
-from ..sbp import NdSbp
+from ..sbp import REDUCE_OPS, Broadcast, NdSbp, Partial, Split
+
+
+@lru_cache(maxsize=4096)
+def local_targets(src: NdSbp, tensor_ndim: int) -> tuple[NdSbp, ...]:
+    """Every layout ``is_local_change`` lets ``src`` become (a slice or zero fill on every rank): each
+    axis keeps its entry, or goes B -> S(d) or P, or S(d) -> P; the nesting rule then filters them."""
+    partials = tuple(Partial(op) for op in REDUCE_OPS)
+    options = [(x, *(partials + tuple(Split(d) for d in range(tensor_ndim)) if isinstance(x, Broadcast)
+                     else partials if isinstance(x, Split) else ())) for x in src]
+    return tuple(dst for dst in itertools.product(*options) if dst != src and is_local_change(src, dst))
 
 
 class BoxTable:
@@ -36,6 +53,9 @@ class BoxTable:
         self._times: dict[tuple[NdSbp, NdSbp], float] = {}
         self._latencies: dict[tuple[NdSbp, NdSbp], float] = {}
         self._routes: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, Route]] = {}  # (source, reduce ops)
+        self._seconds: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, float]] = {}
+        self._graphs: dict[tuple[str, ...], StateGraph] = {}  # held: the planner's cache is bounded
+        self._rows: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, float]] = {}  # (source, reduce ops)
 
     def time(self, src: NdSbp, dst: NdSbp) -> float:
         """Seconds of the cheapest boxing from ``src`` to ``dst`` (0 for a local slice or fill)."""
@@ -44,6 +64,44 @@ class BoxTable:
         if t is None:
             t = self._times[key] = self._price(src, dst)
         return t
+
+    def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
+        """``time(src, dst)`` for every pair [srcs, dsts], read off one row per source and reduce ops."""
+        out = np.empty((len(srcs), len(dsts)))
+        groups: dict[tuple[str, ...], list[tuple[int, NdSbp]]] = {}  # the destinations by their own reduce ops
+        for c, dst in enumerate(dsts):
+            groups.setdefault(partial_ops(dst), []).append((c, dst))
+        for r, src in enumerate(srcs):
+            src_ops = partial_ops(src)
+            for own, cols in groups.items():  # partial_ops(src, dst), per group
+                row = self._row(src, own if own == src_ops else tuple(sorted({*src_ops, *own})))
+                for c, dst in cols:
+                    t = row.get(dst)
+                    out[r, c] = self.time(src, dst) if t is None else t
+        return out
+
+    def _row(self, src: NdSbp, ops: tuple[str, ...]) -> dict[NdSbp, float]:
+        """``time(src, dst)`` for every ``dst`` with ``partial_ops(src, dst) == ops`` that the route search
+        from ``src`` reaches; the rest (layouts that do not fit, unreachable ones) are asked of ``time``."""
+        row = self._rows.get((src, ops))
+        if row is None:
+            row = {}
+            if state_ok(self.shape, self.mesh_shape, src):
+                row = self._seconds_from(src, ops)
+                local = [dst for dst in local_targets(src, len(self.shape)) if row.get(dst, 0.0) != 0.0]
+                if local:  # counted free, as ``time`` does: a copy, the route search's own answers stay
+                    row = {**row, **dict.fromkeys(local, 0.0)}
+            self._rows[(src, ops)] = row
+        return row
+
+    def _seconds_from(self, src: NdSbp, ops: tuple[str, ...]) -> dict[NdSbp, float]:
+        secs = self._seconds.get((src, ops))
+        if secs is None:  # the planner's Dijkstra from ``src``, not stopping at one target
+            g = self._graphs.get(ops)
+            if g is None:
+                g = self._graphs[ops] = state_graph(self.shape, self.mesh_shape, self.itemsize, self.hw, ops)
+            secs = self._seconds[(src, ops)] = seconds_from(g, src)
+        return secs
 
     def bucketable_latency(self, src: NdSbp, dst: NdSbp) -> float:
         """The latency part (alpha x rounds) of the steps of ``time(src, dst)``'s route whose kind can run
@@ -78,10 +136,13 @@ class BoxTable:
                 for hop, s in zip(route.hops, apply_hops(src, route.hops))]
 
     def _price(self, src: NdSbp, dst: NdSbp) -> float:
-        steps = self._steps(src, dst)
-        if steps is None:
-            return self._planned(src, dst)
-        return sum(cost.time_s for _, _, cost in steps)  # in order, as BoxingPlan.time_s
+        if src == dst or is_local_change(src, dst):
+            return 0.0
+        shape, mesh = self.shape, self.mesh_shape
+        if not (state_ok(shape, mesh, src) and state_ok(shape, mesh, dst)):
+            return self._planned(src, dst)  # the planner raises its error for a layout that does not fit
+        t = self._seconds_from(src, partial_ops(src, dst)).get(dst)
+        return self._planned(src, dst) if t is None else t  # unreachable: the planner says why
 
     def _planned(self, src: NdSbp, dst: NdSbp) -> float:
         return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype, hardware=self.hw).time_s
@@ -112,6 +173,9 @@ class MeshBoxes:
 
     def time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
         return self.table(meta).time(src, dst)
+
+    def matrix(self, meta: TensorMeta, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
+        return self.table(meta).matrix(srcs, dsts)
 
     def bucketable_latency(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
         return self.table(meta).bucketable_latency(src, dst)

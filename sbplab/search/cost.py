@@ -29,6 +29,7 @@ once-per-step work (see ``pipeline.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -199,24 +200,32 @@ class Pricer:
         t = op.inputs[pos]
         return any(t in b.inputs for b in self.backward_of.get(op.name, ()))
 
-    def edge_time(self, meta: TensorMeta, out_sbp: NdSbp, in_sbp: NdSbp, grad_sbp: NdSbp | None,
-                  reread: bool = False) -> float:
-        """Forward boxing to the consumer (twice when its backward reads it again, ``rereads``), and
-        (when the tensor has a gradient) the gradient's boxing back to the layout the producer's
-        backward needs."""
-        t = self.box_time(meta, out_sbp, in_sbp) * (2 if reread else 1)
-        if grad_sbp is not None:
-            t += self.box_time(meta, grad_sbp, mirror(out_sbp))
-        return t
-
     def edge_matrix(self, meta: TensorMeta, outs: tuple[NdSbp, ...],
                     ins: tuple[tuple[NdSbp, NdSbp | None], ...], reread: bool = False) -> np.ndarray:
-        """``edge_time`` for every (producer layout, (consumer layout, gradient layout)) pair; identical
-        layers ask identical questions, so whole matrices are cached."""
+        """Seconds of an edge for every (producer layout, (consumer layout, gradient layout)) pair: the
+        forward boxing to the consumer (twice when its backward reads it again, ``rereads``) and, when the
+        tensor has a gradient, the gradient's boxing back to the layout the producer's backward needs.
+        Identical layers ask identical questions, so whole matrices are cached."""
         key = (meta, outs, ins, reread)
         m = self._edges.get(key)
         if m is None:
-            m = self._edges[key] = np.array([[self.edge_time(meta, o, i, g, reread) for i, g in ins] for o in outs])
+            m = self._edges[key] = self.read_matrix(meta, outs, ins, reread, [mirror(o) for o in outs])
+        return m
+
+    def read_matrix(self, meta: TensorMeta, have: Sequence[NdSbp], ins: Sequence[tuple[NdSbp, NdSbp | None]],
+                    reread: bool, grad_to: Sequence[NdSbp]) -> np.ndarray:
+        """[have, ins]: boxing each layout in ``have`` into each read layout (twice when ``reread``), plus,
+        where a read has a gradient layout, that gradient's boxing back to ``grad_to`` (one per ``have``)."""
+        m = self.boxes.matrix(meta, have, [i for i, _ in ins])
+        if reread:
+            m *= 2
+        grads = list(dict.fromkeys(g for _, g in ins if g is not None))
+        if grads:
+            back = self.boxes.matrix(meta, grads, grad_to)  # [grads, have]
+            at = {g: k for k, g in enumerate(grads)}
+            for c, (_, g) in enumerate(ins):
+                if g is not None:
+                    m[:, c] += back[at[g]]
         return m
 
     def grad_reduce_time(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:

@@ -136,9 +136,7 @@ class OpPrices:
         have = [s.inputs[src_pos] for s in src_sigs]
         ins = [(s.inputs[pos], dual(s, pos) if is_param else None) for s in dst_sigs]
         u_have, u_in = list(dict.fromkeys(have)), list(dict.fromkeys(ins))
-        small = np.array([[pricer.box_time(meta, h, i) * (2 if reread else 1)
-                           + (pricer.box_time(meta, gr, h) if gr is not None else 0.0)
-                           for i, gr in u_in] for h in u_have])
+        small = pricer.read_matrix(meta, u_have, u_in, reread, u_have)
         rows = _positions(have, u_have)
         cols = _positions(ins, u_in)
         return _frozen(small[np.ix_(rows, cols)])

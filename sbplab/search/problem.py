@@ -128,27 +128,45 @@ def _states_per_param(graph: Graph) -> dict[str, int]:
     return out
 
 
+@dataclass
+class PricedOps:
+    """The first half of a problem: every forward op priced, no edge yet. Enough for a lower bound on a
+    pipeline's step time (``floor``), so a stage space that cannot win skips its edges, the costly half."""
+
+    graph: Graph  # the copy placements were set on
+    mesh: MeshChoice
+    hw: Hardware
+    prices: OpPrices
+    ops: list[OpSpace]
+    shared: list[tuple[int, int, str]]  # (reader index, input position, tensor) of sources an earlier op owns
+    owner: dict[str, tuple[int, int]]  # source tensor -> (op index, input position) of its first reader
+    base_memory: int
+    micro_batches: int
+
+    def floor(self, zero: int, rounds: float) -> float:
+        """Seconds no choice goes below for ``rounds`` micro-batch passes plus one step's sync: each op at
+        the signature cheapest for that mix, edges free."""
+        return sum(float((rounds * (o.compute + o.gather[zero]) + o.sync[zero]).min()) for o in self.ops)
+
+
 @without_gc  # many small long-lived tables and no cycles: the collector would only re-walk them
-def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: int = 1,
-                  boxes: BoxPrices | None = None) -> OpProblem:
-    """Price every forward op of ``graph`` (a training graph, copied: placements are set on the copy)
-    on ``mesh`` for every ZeRO level. ``boxes``: boxing prices to share with other meshes of the search.
-    Identical ops (the repeated layers of a model) share their price tables (``op_prices.py``)."""
+def price_ops(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: int = 1,
+              boxes: BoxPrices | None = None) -> PricedOps:
+    """Price every forward op of ``graph`` (a training graph, copied: placements are set on the copy) on
+    ``mesh`` for every ZeRO level. Identical ops (the repeated layers of a model) share their price tables
+    (``op_prices.py``)."""
     graph = graph.copy()
     pl = mesh.placement()
     view = mesh.hardware(hw)
     assign_placements(graph, Strategy(pl, name="search"))
     prices = OpPrices(graph, Pricer(graph, pl, view, boxes))
     states = _states_per_param(graph)
-    fwd = graph.ops_in("forward")
-    index = {op.name: k for k, op in enumerate(fwd)}
-    owner: dict[str, tuple[int, int]] = {}  # source tensor -> (op index, input position) of its first reader
+    owner: dict[str, tuple[int, int]] = {}
     ops: list[OpSpace] = []
-    edges: list[Edge] = []
+    shared: list[tuple[int, int, str]] = []
     const_bytes = 0
-    for k, op in enumerate(fwd):
+    for k, op in enumerate(graph.ops_in("forward")):
         owned: list[OwnedSource] = []
-        shared: list[tuple[int, str]] = []  # (position, tensor) of sources an earlier op owns
         for pos, t in enumerate(op.inputs):
             tn = graph.tensors[t]
             if tn.producer is not None:
@@ -159,24 +177,39 @@ def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: i
                     const_bytes += tn.meta.nbytes
                 continue
             if t in owner:
-                shared.append((pos, t))
+                shared.append((k, pos, t))
                 continue
             owner[t] = (k, pos)
             owned.append((pos, tn.role == "param", tn.meta, states.get(t, 0)))
         node = prices.node(op, tuple(owned))
-        sigs = node.sigs
-        for pos, t in shared:  # a second reader: an edge from the owner's layout
-            src = ops[owner[t][0]]
-            edges.append(Edge(src.index, k, t, prices.shared_source_edge(src.op, src.sigs, owner[t][1], op, pos,
-                                                                         sigs, t), None))
-        ops.append(OpSpace(k, op, sigs, node.compute, node.gather, node.sync, node.memory, node.activation,
+        ops.append(OpSpace(k, op, node.sigs, node.compute, node.gather, node.sync, node.memory, node.activation,
                            unit_of(op.module)))
-        for pos, t in enumerate(op.inputs):
-            p = graph.tensors[t].producer
-            if p is None or p not in index:
+    return PricedOps(graph, mesh, view, prices, ops, shared, owner, const_bytes, micro_batches)
+
+
+@without_gc
+def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: int = 1,
+                  boxes: BoxPrices | None = None, priced: PricedOps | None = None) -> OpProblem:
+    """Price every forward op of ``graph`` (``price_ops``, or ``priced`` if it was done already) and every
+    edge between forward ops. ``boxes``: boxing prices to share with other meshes of the search."""
+    p = priced or price_ops(graph, mesh, hw, micro_batches, boxes)
+    g, ops, prices = p.graph, p.ops, p.prices
+    index = {o.name: o.index for o in ops}
+    shared: dict[int, list[tuple[int, str]]] = {}
+    for k, pos, t in p.shared:
+        shared.setdefault(k, []).append((pos, t))
+    edges: list[Edge] = []
+    for dst in ops:
+        for pos, t in shared.get(dst.index, ()):  # a second reader: an edge from the owner's layout
+            src = ops[p.owner[t][0]]
+            edges.append(Edge(src.index, dst.index, t, prices.shared_source_edge(
+                src.op, src.sigs, p.owner[t][1], dst.op, pos, dst.sigs, t), None))
+        for pos, t in enumerate(dst.op.inputs):
+            producer = g.tensors[t].producer
+            if producer is None or producer not in index:
                 continue
-            src = ops[index[p]]
-            j = graph.op_by_name[p].outputs.index(t)
-            cost, cross = prices.activation_edge(src.op, src.sigs, j, op, pos, sigs, t)
-            edges.append(Edge(src.index, k, t, cost, cross))
-    return OpProblem(graph, mesh, view, ops, edges, const_bytes, micro_batches, index)
+            src = ops[index[producer]]
+            j = g.op_by_name[producer].outputs.index(t)
+            cost, cross = prices.activation_edge(src.op, src.sigs, j, dst.op, pos, dst.sigs, t)
+            edges.append(Edge(src.index, dst.index, t, cost, cross))
+    return OpProblem(g, p.mesh, p.hw, ops, edges, p.base_memory, micro_batches, index)

@@ -30,7 +30,7 @@ from .cost import ZERO_LEVELS
 from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
-from .problem import OpProblem, build_problem
+from .problem import OpProblem, PricedOps, build_problem, price_ops
 from .rerank import rerank, rerank_units
 from .result import SearchResult
 from .search_errors import SearchError
@@ -47,6 +47,7 @@ class Space:
         self.batch = int(xs[0].shape[0]) if xs and xs[0].dim() else 1
         self._graphs: dict[int, Graph] = {}
         self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
+        self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
 
     def graph(self, m: int) -> Graph:
@@ -60,10 +61,17 @@ class Space:
             self._graphs[m] = g
         return self._graphs[m]
 
+    def priced_ops(self, mesh: MeshChoice, m: int = 1) -> PricedOps:
+        """The ops of ``problem(mesh, m)`` priced, its edges not: enough for a lower bound."""
+        key = (mesh, m)
+        if key not in self._priced:
+            self._priced[key] = price_ops(self.graph(m), mesh, self.hw, m, self.boxes)
+        return self._priced[key]
+
     def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
         key = (mesh, m)
         if key not in self._problems:
-            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m, self.boxes)
+            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m, self.boxes, self._priced.pop(key, None))
         return self._problems[key]
 
 
@@ -154,7 +162,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     measure = _measure_args(measure_on, int(devices), rerank_top if simulate else 0, xs, target)
     space = Space(model, xs, loss_fn, target, optimizer, hw)
     try:
-        base = space.graph(1)
+        space.graph(1)
     except GraphError as e:  # unsupported ops, bad shapes: before any search work
         raise SearchError(f"sl.search: the model cannot be compiled, so there is nothing to search:\n{e}") from e
     if any(z not in ZERO_LEVELS for z in zero_levels):
@@ -163,12 +171,12 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     report = ProgressReporter(on_progress, clock, memory_limit)
     notes: list[str] = []
     meshes = mesh_choices(int(devices), hw, node_size, max_mesh_ndim)
-    pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines and report.active else None
+    pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines else []
     specs = applicable_presets(int(devices), space.batch, pipelines)
     top = max(0, rerank_top) if simulate else 0
     finalists = rerank_units(top, len(specs), measure=measure is not None)  # finalists simulated (measured), buckets
     if report.active:  # the whole plan up front, so the bar moves steadily
-        report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces or ()) * len(zero_levels)
+        report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces) * len(zero_levels)
                     + finalists)
     presets = _presets(space, specs, clock, notes, report)
     candidates: list[Candidate] = []
@@ -190,9 +198,9 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
             report.step("meshes", c)
             if clock.expired():
                 break
-    if pipelines and not clock.expired():
-        candidates += _pipelines(space, int(devices), base, method, memory_limit, clock, seed, zero_levels,
-                                 node_size, reduce, least, report, pipe_spaces)
+    if pipe_spaces and not clock.expired():
+        candidates += _pipelines(space, method, memory_limit, clock, seed, zero_levels, reduce, least, report,
+                                 pipe_spaces, candidates, max(1, top), notes)
     feasible = [c for c in candidates if c.feasible(memory_limit)]
     if not feasible:
         if memory_limit is not None and least:
@@ -230,7 +238,7 @@ def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[st
 def _pipeline_spaces(space: Space, devices: int, node_size: int | None) -> list[tuple[int, int, MeshChoice]]:
     """(stages S, micro-batches M, stage mesh) to solve: 2, 4, 8 stages where the layers allow, 2S and 4S
     micro-batches where the batch divides, every mesh of the ranks one stage gets."""
-    n_layers = len(blocks_of(space.problem(MeshChoice((1,), (0,)))))
+    n_layers = len(blocks_of(space.priced_ops(MeshChoice((1,), (0,)))))
     out = []
     for S in (2, 4, 8):
         if devices % S or S > n_layers:
@@ -243,32 +251,60 @@ def _pipeline_spaces(space: Space, devices: int, node_size: int | None) -> list[
     return out
 
 
-def _pipelines(space: Space, devices: int, base: Graph, method: str, memory_limit: float | None, clock: Clock,
-               seed: int, zero_levels: tuple[int, ...], node_size: int | None, reduce: bool | None,
-               least: list, report: ProgressReporter,
-               spaces: list[tuple[int, int, MeshChoice]] | None = None) -> list[Candidate]:
+def _kth_best(found: list[Candidate], memory_limit: float | None, k: int) -> float:
+    """The ``k``-th least analytic step time among the feasible candidates found (inf if fewer)."""
+    times = sorted(c.step_time for c in found if c.feasible(memory_limit))
+    return times[k - 1] if len(times) >= k else float("inf")
+
+
+def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clock, seed: int,
+               zero_levels: tuple[int, ...], reduce: bool | None, least: list, report: ProgressReporter,
+               spaces: list[tuple[int, int, MeshChoice]], found: list[Candidate], keep: int,
+               notes: list[str]) -> list[Candidate]:
     """Pipelines of 2, 4, 8 stages (where the layers allow), 2S and 4S micro-batches, each stage mesh
-    solved on the micro-batch graph and cut by the dynamic program."""
-    out = []
-    for S, M, mesh in _pipeline_spaces(space, devices, node_size) if spaces is None else spaces:
+    solved on the micro-batch graph and cut by the dynamic program.
+
+    Pricing a stage space's edges is the costly part, so each (space, ZeRO level) first gets a lower bound
+    from its ops alone (``PricedOps.floor``: every op at its cheapest signature, stages perfectly
+    balanced, edges free): (M + S - 1) micro-batch passes and one sync, over S stages. Spaces go cheapest bound first, and one whose bound
+    is no better than the ``keep``-th best feasible candidate so far could not reach the re-rank, so it is
+    skipped unsolved."""
+    bounds = []
+    for S, M, mesh in spaces:
         if clock.expired():
-            return out
+            break
         try:
-            pr = space.problem(mesh, M)
+            ops = space.priced_ops(mesh, M)
         except (ValueError, GraphError):
             for _ in zero_levels:
                 report.step("pipelines")
             continue
-        for z in zero_levels:
-            assign, ran = solve_space(pr, z, method, None, clock, [], seed, reduce)
-            cut = best_cut(pr, assign, z, S) if assign is not None else None
-            if cut is None:
-                report.step("pipelines")
-                continue
-            least.append((cut.memory, f"{S} stages of {mesh.describe(space.hw)}, ZeRO-{z}"))
-            c = Candidate(f"searched ({ran})", ran, mesh, z, S, M, assign, cut.step_time, cut.memory, pr,
-                          cut.stage_of_op, note=f"bubble {cut.bubble:.0%}")
-            clock.record(ran, c.step_time)
-            out.append(c)
-            report.step("pipelines", c)
+        for z in zero_levels:  # the slowest stage is at least the mean one
+            bounds.append((ops.floor(z, M + S - 1) / S, S, M, mesh, z))
+    bounds.sort(key=lambda b: b[0])
+    out: list[Candidate] = []
+    skipped = 0
+    for bound, S, M, mesh, z in bounds:
+        if clock.expired():
+            break
+        if bound >= _kth_best(found + out, memory_limit, keep):
+            skipped += 1
+            report.step("pipelines")
+            continue
+        pr = space.problem(mesh, M)
+        assign, ran = solve_space(pr, z, method, None, clock, [], seed, reduce)
+        cut = best_cut(pr, assign, z, S) if assign is not None else None
+        if cut is None:
+            report.step("pipelines")
+            continue
+        least.append((cut.memory, f"{S} stages of {mesh.describe(space.hw)}, ZeRO-{z}"))
+        c = Candidate(f"searched ({ran})", ran, mesh, z, S, M, assign, cut.step_time, cut.memory, pr,
+                      cut.stage_of_op, note=f"bubble {cut.bubble:.0%}")
+        clock.record(ran, c.step_time)
+        out.append(c)
+        report.step("pipelines", c)
+    if skipped:
+        notes.append(f"{skipped} of {len(bounds)} pipeline spaces (stages, micro-batches, stage mesh, ZeRO level) "
+                     f"skipped unsolved: even with every op at its cheapest signature, stages perfectly balanced "
+                     f"and no boxing, they could not beat the {keep} best candidates found")
     return out
