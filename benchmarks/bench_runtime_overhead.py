@@ -3,7 +3,9 @@
 A chain of actors with empty kernels runs many micro-batches on one worker, so the compute lane
 is never idle; the median time from one firing's start to the next is the scheduler's cost per
 firing (register bookkeeping, acks, picking the next ready actor, recording the trace). Printed
-beside it: a plain Python loop calling the same empty kernel, measured in this run.
+beside it: a plain Python loop calling the same empty kernel, measured in this run. Runs unfused
+(``fuse=False``: every actor fires on its own), then fused (the whole chain is one actor firing its
+parts back to back, ``runtime/fusion.py``), whose start-to-start per part is printed too.
 
     .venv/bin/python benchmarks/bench_runtime_overhead.py
 """
@@ -34,7 +36,8 @@ def main() -> None:
     plan = chain_plan()
     with LocalCluster(1) as cluster:
         cluster.run(plan, steps=1, progress=False)  # warm-up
-        res = cluster.run(plan, steps=STEPS, progress=False)
+        res = cluster.run(plan, steps=STEPS, progress=False, fuse=False)
+        fused = cluster.run(plan, steps=STEPS, progress=False)
     ev = sorted(res.trace.select(rank=0, lane="compute"), key=lambda e: e.start)
     gaps = [b.start - a.start for a, b in zip(ev, ev[1:])]
     inside = [e.dur for e in ev]
@@ -53,6 +56,10 @@ def main() -> None:
     print(f"run wall time per firing (incl. setup):    {res.wall_s / firings * 1e6:8.1f} us")
     print(f"plain loop calling the kernel:             {direct:8.2f} us")
     print(f"ratio runtime / plain call:                {med / direct:8.1f}x")
+    fev = sorted(fused.trace.select(rank=0, lane="compute"), key=lambda e: e.start)
+    fmed = statistics.median(b.start - a.start for a, b in zip(fev, fev[1:]))
+    print(f"fused chain, median start-to-start per part: {fmed:6.1f} us   ({med / fmed:.1f}x less than unfused)")
+    print(f"fused run wall time per part (incl. setup):  {fused.wall_s / len(fev) * 1e6:6.1f} us")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from .buffers import BufferPools
+from .fusion import Fused
 from .specs import Accumulate, Actor, Compute, PlanError, Sink, Source, State, materialize
 
 Kernel = Callable[[list, dict], Sequence[torch.Tensor]]
@@ -76,6 +79,40 @@ class ComputeB(Behaviour):
             res = self.kernel(inputs, self.attrs)
             out.copy_(res[0] if isinstance(res, (tuple, list)) else res)
         return (out,)
+
+
+class FusedB(Behaviour):
+    """Runs a ``Fused`` actor's parts back to back. ``marks``, when set (a traced run), gets ``clock()``
+    before each part and after the last, for one trace event per part; ``at`` is the part running, and
+    ``activity`` (the rank's activity slots, when the driver reads them) names it by its plan index
+    (``origin``), so a rank that dies inside a part is reported in that part."""
+
+    def __init__(self, actor: Fused, micro: int, steps: int, device: torch.device,
+                 views: list[torch.Tensor] | None = None) -> None:
+        super().__init__(actor, micro, steps, device)
+        n = len(actor.parts)
+        self.parts = [ComputeB(p, micro, steps, device, views if k == n - 1 else None)
+                      for k, p in enumerate(actor.parts)]
+        self.wiring = actor.wiring
+        self.marks: list | None = None
+        self.clock: Callable[[], Any] = time.perf_counter_ns
+        self.at = 0
+        self.activity: Any = None
+        self.origin: list[int] = []
+
+    def fire(self, k, inputs):
+        got: list[tuple] = []
+        marks, activity = self.marks, self.activity
+        for n, (part, wires) in enumerate(zip(self.parts, self.wiring)):
+            self.at = n
+            if activity is not None:
+                activity[0] = self.origin[n] + 1
+            if marks is not None:
+                marks.append(self.clock())
+            got.append(part.fire(k, [inputs[j] if src < 0 else got[src][j] for src, j in wires]))
+        if marks is not None:
+            marks.append(self.clock())
+        return got[-1]
 
 
 class SourceB(Behaviour):
@@ -148,6 +185,8 @@ def make_behaviour(a: Actor, micro: int, steps: int, device: torch.device,
     views = pools.views(into) if into is not None and pools is not None else None
     if isinstance(a, Compute):
         return ComputeB(a, micro, steps, device, views)
+    if isinstance(a, Fused):
+        return FusedB(a, micro, steps, device, views)
     if isinstance(a, Source):
         if a.feed not in feeds:
             raise PlanError(f"source {a.name!r} reads feed {a.feed!r}, which the batches do not have; "

@@ -162,7 +162,7 @@ class LocalCluster:
 
     def run(self, step: ActorPlan | Runnable, inputs: Any = None, steps: int = 1, *, timeout: float = 10.0,
             progress: bool | None = None, params: bool = True, trace: bool = True,
-            on_step: Callable[[int, int, float | None], None] | None = None) -> RunResult:
+            on_step: Callable[[int, int, float | None], None] | None = None, fuse: bool = True) -> RunResult:
         """Run ``steps`` training steps and return losses, final parameters and a trace.
 
         step: an ActorPlan, or a compiled training step (``sl.compile(...)``; any ``Runnable``: it
@@ -178,11 +178,14 @@ class LocalCluster:
             ``result.losses[step]`` will have), or None if the plan has no "loss" sink. The workers
             then send one small message per step. An exception raised by ``on_step`` ends ``run``
             with it (workers still busy with later steps are torn down, like after Ctrl-C).
+        fuse: fire each chain of local compute actors (each the only reader of the one before) as one
+            actor, without the bookkeeping between them (``runtime/fusion.py``); the trace still has
+            every part. False runs every actor on its own.
         """
         if self.closed:
             raise ClusterError("this LocalCluster is closed; create a new one")
         opts = RunOptions(steps=steps, timeout=timeout, progress=_interactive() if progress is None else progress,
-                          params=params, trace=trace, on_step=on_step)  # checks them before any worker starts
+                          params=params, trace=trace, on_step=on_step, fuse=fuse)  # checks them before any worker starts
         plan, batches = plan_and_batches(step, inputs, self.n)
         if plan.world_size > self.n:
             raise InputError(f"plan {plan.name!r} has {plan.world_size} ranks but this cluster has {self.n}")

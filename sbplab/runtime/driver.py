@@ -48,6 +48,7 @@ class RunOptions:
     params: bool = True
     trace: bool = True
     on_step: Callable[[int, int, float | None], None] | None = None
+    fuse: bool = True  # fire chains of local compute actors as one (``fusion.py``)
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int):
@@ -218,7 +219,8 @@ class Driver:
         t_start = time.perf_counter_ns()
         for r, conn in self.conns.items():
             spec = RunSpec(self.run_id, plan.ranks[r], plan.micro_batches, plan.rank_order(r), steps,
-                           feeds[r], groups, pairs, opts.timeout, opts.params, opts.trace, plan.imports, report)
+                           feeds[r], groups, pairs, opts.timeout, opts.params, opts.trace, plan.imports, report,
+                           opts.fuse)
             send(conn, ("run", spec))
         bar = step_bar(steps, opts.progress, desc=plan.name)
         results: dict[int, dict] = {}

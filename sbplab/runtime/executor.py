@@ -23,10 +23,11 @@ import torch
 from ..boxing.bucket_kernels import pack_bucket
 from ..boxing.kinds import kernel_ref, kind_of
 from .actor_plan import RankPlan
-from .actors import make_behaviour
+from .actors import FusedB, make_behaviour
 from .buffers import BufferPools
 from .comm import Comm
 from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph
+from .fusion import fuse_chains
 from .lanes import CommFailure, CommLane, Streams
 from .specs import Accumulate, Collective, Recv, Sink, State
 
@@ -51,6 +52,7 @@ class RunSpec:
     trace: bool = True
     imports: tuple[str, ...] = ()
     report_steps: bool = False  # tell the driver as each step finishes (progress bars, on_step)
+    fuse: bool = True  # fire chains of local compute actors as one (``fusion.py``)
 
 
 class ActorFailure(Exception):
@@ -84,16 +86,24 @@ class Executor:
         rp = spec.rank_plan
         for mod in spec.imports:
             importlib.import_module(mod)
-        self.graph = FiringGraph(rp.actors, spec.micro_batches, spec.steps)
+        # the actors this rank fires, and per actor the plan indices it runs (its parts, if fused):
+        # traces and activity speak of plan actors
+        if spec.fuse:
+            self.actors, self.origin = fuse_chains(rp.actors)
+        else:
+            self.actors, self.origin = list(rp.actors), [[i] for i in range(len(rp.actors))]
+        actors = self.actors
+        self.graph = FiringGraph(actors, spec.micro_batches, spec.steps)
         self.pools = _pools(rp.actors, device)
         self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds, self.pools)
-                           for a in rp.actors]
+                           for a in actors]
+        self.fused = [b if isinstance(b, FusedB) else None for b in self.behaviours]
         self.order = [(self.graph.names[n], m) for n, m in spec.order]
         # per actor, the registers it reads: (producer, output index, mode code)
         self.reads = [[(p, j, MODES[mode]) for p, j, mode in n.inputs] for n in self.graph.nodes]
-        self.outs: list[dict[int, tuple]] = [dict() for _ in rp.actors]
-        self.events: list[dict[int, Any]] = [dict() for _ in rp.actors]  # CUDA events per output
-        self.pruned = [0] * len(rp.actors)
+        self.outs: list[dict[int, tuple]] = [dict() for _ in actors]
+        self.events: list[dict[int, Any]] = [dict() for _ in actors]  # CUDA events per output
+        self.pruned = [0] * len(actors)
         self.trace: list[tuple] = []
         self.cuda_timing: list[tuple] = []
         self.compute_inflight: tuple[int, int, int] | None = None  # (node, k, t0_ns)
@@ -102,17 +112,25 @@ class Executor:
         self.streams = Streams(device)
         self.lane = CommLane(comm, self.streams, spec.micro_batches)
         self.stopped = False
-        self.inplace = [self._may_overwrite_input(i) for i in range(len(rp.actors))]
+        self.inplace = [self._may_overwrite_input(i) for i in range(len(actors))]
         # steps finished: node i has finished node_steps[i] steps; step_nodes[s] nodes have finished step s
-        self.node_steps = [0] * len(rp.actors)
+        self.node_steps = [0] * len(actors)
         self.step_nodes = [0] * (spec.steps + 1)
         self.steps_reported = 0
         # read at every firing: kept as plain lists rather than asked of the actor specs each time
-        self.n_outputs = [a.num_outputs for a in rp.actors]
+        self.n_outputs = [a.num_outputs for a in actors]
         self.tracing, self.cuda = spec.trace, self.streams.cuda
-        self.micro_scope = [a.scope == "micro" for a in rp.actors]
-        self.loss_sinks = [(a.name, b) for a, b in zip(rp.actors, self.behaviours)
+        self.micro_scope = [a.scope == "micro" for a in actors]
+        self.loss_sinks = [(a.name, b) for a, b in zip(actors, self.behaviours)
                            if isinstance(a, Sink) and a.key == "loss"]
+        for b, origin in zip(self.fused, self.origin):
+            if b is None:
+                continue
+            b.activity, b.origin = activity, origin
+            if self.tracing:  # a mark around every part: one trace event each
+                b.marks = []
+                if self.cuda:
+                    b.clock = lambda: self.streams.record(self.streams.compute)
 
     def _may_overwrite_input(self, i: int) -> bool:
         """A collective whose kind allows it (all-reduce) may work in place on a register only it reads,
@@ -230,7 +248,7 @@ class Executor:
                 k = g.start(i)
                 x, evs = self._inputs(i, k)
                 if self.activity is not None:
-                    self.activity[2], self.activity[3] = i + 1, k
+                    self.activity[2], self.activity[3] = self.origin[i][0] + 1, k
                 lane.post(i, k, n.actor, m, x[0] if x else None, evs[0] if evs else None, self.inplace[i])
                 cpos += 1
                 if cpos == len(order):
@@ -255,7 +273,7 @@ class Executor:
     def _complete(self, c: tuple, consider) -> None:
         i, k, outs, ev, t0, t1, nbytes, timing = c
         if self.spec.trace:
-            self.trace.append((i, k, COMM, t0, t1, nbytes))
+            self.trace.append((self.origin[i][0], k, COMM, t0, t1, nbytes))
             if timing is not None:
                 self.cuda_timing.append((len(self.trace) - 1,) + timing)
         for t in self._store(i, k, outs, ev):
@@ -267,7 +285,7 @@ class Executor:
         b = self.behaviours[i]
         xs, evs = self._inputs(i, k)
         if self.activity is not None:
-            self.activity[0], self.activity[1] = i + 1, k
+            self.activity[0], self.activity[1] = self.origin[i][0] + 1, k
         t0 = time.perf_counter_ns()
         self.compute_inflight = (i, k, t0)
         sev = ev = None
@@ -278,14 +296,31 @@ class Executor:
                 outs = b.fire(k, xs)  # type: ignore[union-attr]
         except BaseException as e:  # noqa: BLE001
             a = g.nodes[i].actor
+            fb = self.fused[i]
+            if fb is not None:  # name the part that failed
+                a = a.parts[fb.at]  # type: ignore[attr-defined]
             raise ActorFailure(self.rank, a.name, a.label, k, traceback.format_exc()) from e
         t1 = time.perf_counter_ns()
         self.compute_inflight = None
         if self.tracing:
-            self.trace.append((i, k, COMPUTE, t0, t1, 0))
-            if sev is not None:
-                self.cuda_timing.append((len(self.trace) - 1, sev, ev))
+            fb = self.fused[i]
+            if fb is not None:
+                self._trace_parts(i, k, fb.marks)  # type: ignore[arg-type]
+            else:
+                self.trace.append((self.origin[i][0], k, COMPUTE, t0, t1, 0))
+                if sev is not None:
+                    self.cuda_timing.append((len(self.trace) - 1, sev, ev))
         return self._store(i, k, outs, ev)
+
+    def _trace_parts(self, i: int, k: int, marks: list) -> None:
+        """One event per part of a fused firing, between the marks its behaviour took (CUDA: events)."""
+        for n, p in enumerate(self.origin[i]):
+            if self.cuda:
+                self.trace.append((p, k, COMPUTE, 0, 0, 0))
+                self.cuda_timing.append((len(self.trace) - 1, marks[n], marks[n + 1]))
+            else:
+                self.trace.append((p, k, COMPUTE, marks[n], marks[n + 1], 0))
+        marks.clear()
 
     def _fire_on_stream(self, b: Any, k: int, xs: list[torch.Tensor], evs: list) -> tuple:
         """CUDA: the kernel goes onto the compute stream after its inputs' events; (start, outputs, end)."""
@@ -311,7 +346,7 @@ class Executor:
                 i, k, lane, _, _, nb = self.trace[idx]
                 self.trace[idx] = (i, k, lane, self.streams.to_ns(sev), self.streams.to_ns(eev), nb)
         sinks, params = {}, {}
-        for a, b in zip(self.spec.rank_plan.actors, self.behaviours):
+        for a, b in zip(self.actors, self.behaviours):
             if isinstance(a, Sink):
                 sinks[a.name] = b.values  # type: ignore[union-attr]
             elif isinstance(a, State) and self.spec.want_params and a.key:
