@@ -321,3 +321,23 @@ def test_simulating_ranks_alike_once_changes_nothing(monkeypatch, strategy, clas
     assert merged.peak_memory == every.peak_memory
     key = lambda e: (e.rank, e.actor, e.firing, round(e.start, 6), round(e.end, 6))  # noqa: E731
     assert sorted(map(key, merged.trace.events)) == sorted(map(key, every.trace.events))
+
+
+def test_a_fused_chain_pays_one_firing_overhead_as_the_runtime_fires_it_once():
+    """w -> f1 -> f2 -> f3 -> upd: each the only reader of the one before, so the runtime fires the four
+    as one actor (``runtime/fusion.py``); with empty kernels a step costs the State's firing overhead
+    and the fused actor's, not five."""
+    acts = [State("w", init=torch.zeros(8), update=Ref("upd")),
+            Compute("f1", op=K + "relu", inputs=("w",), scope="step", registers=1),
+            Compute("f2", op=K + "relu", inputs=("f1",), scope="step", registers=1),
+            Compute("f3", op=K + "relu", inputs=("f2",), scope="step", registers=1),
+            Compute("upd", op=K + "add", inputs=("w", "f3"), scope="step", phase="update", registers=1)]
+    hw = dataclasses.replace(exact_hw({op_key(K + "relu", [(8,)], torch.float32, "cpu"): 0.0,
+                                       op_key(K + "add", [(8,), (8,)], torch.float32, "cpu"): 0.0}),
+                             firing_overhead=1 * MS)
+    pred = simulate(ActorPlan.build(1, {0: acts}), hw, steps=3)
+    assert pred.step_time == pytest.approx(2 * MS, rel=1e-9)
+    assert Counter(e.actor for e in pred.trace.events) == {a.name: 3 for a in acts} | {"w": 4}
+    # a second reader of f2 breaks the chain there: f1 -> f2 and f3 -> upd fuse, four firings pay
+    read_f2 = [*acts, Compute("g", op=K + "relu", inputs=("f2",), scope="step", registers=1)]
+    assert simulate(ActorPlan.build(1, {0: read_f2}), hw, steps=3).step_time == pytest.approx(4 * MS, rel=1e-9)

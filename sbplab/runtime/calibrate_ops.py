@@ -208,7 +208,9 @@ def overhead_plan(n: int, device_type: str, chain: int) -> ActorPlan:
 
 def measure_firing_overhead(cluster, repeats: int, chain: int = 32) -> float:
     """Seconds the runtime spends per firing besides the kernel: a steady step's wall time, minus the
-    empty kernels' own time, divided by the step's firings (the State's and the kernels')."""
+    empty kernels' own time, divided by the step's firings (the State's and the kernels'). Unfused, as
+    every measurement: the simulator charges a fused chain's parts after the first nothing
+    (``sim/predict.py``)."""
     trace = run_measurement(cluster, overhead_plan(cluster.n, cluster.device_type, chain), repeats)
     events = trace.select(rank=0)
     ends: dict[int, float] = {}

@@ -65,8 +65,11 @@ def spin_ends(trace: Trace) -> dict[tuple[int, int], float]:
 
 
 def run_measurement(cluster, plan: ActorPlan, repeats: int, *, timeout: float = 60.0) -> Trace:
-    """Run ``plan`` for the warm-up step plus ``repeats`` steps and return its trace."""
-    res = cluster.run(plan, None, steps=WARMUP_STEPS + repeats, progress=False, params=False, timeout=timeout)
+    """Run ``plan`` for the warm-up step plus ``repeats`` steps and return its trace. Unfused
+    (``fuse=False``): a measurement times every actor on its own, and the scheduler must see a transfer
+    end between two spinning kernels, not only after a chain of them (``fusion.py``)."""
+    res = cluster.run(plan, None, steps=WARMUP_STEPS + repeats, progress=False, params=False, timeout=timeout,
+                      fuse=False)
     return res.trace
 
 

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..gc_pause import gc_paused
 from ..hardware import Hardware
 from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
+from ..runtime.fusion import fuse_chains
 from .comm_time import CommInfo
 from .engine import Engine
 from .firing_cost import FiringCost, comm_cost, compute_cost
@@ -102,10 +104,13 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     for r, rp in plan.ranks.items():
         shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
         row_c: list[FiringCost] = []
-        for a in rp.actors:
+        # the runtime fires a fused chain as one actor: its parts after the first cost no firing overhead
+        tails = {i for chain in fuse_chains(rp.actors)[1] for i in chain[1:]}
+        for i, a in enumerate(rp.actors):
             sh = shapes[r][a.name]
-            row_c.append(comm_cost(a, r, sh, hw, known) if a.lane == "comm"
-                         else compute_cost(a, sh, hw, plan.device_type, cost_cache))
+            c = (comm_cost(a, r, sh, hw, known) if a.lane == "comm"
+                 else compute_cost(a, sh, hw, plan.device_type, cost_cache))
+            row_c.append(replace(c, seconds=c.seconds - c.overhead, overhead=0.0) if i in tails else c)
         costs[r] = row_c
         work[r] = [c.seconds for c in row_c]
         busy_extra[r] = [c.busy_extra for c in row_c]
