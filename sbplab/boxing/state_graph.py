@@ -62,6 +62,7 @@ class StateGraph:
         self._ok: dict[Code, bool] = {}  # state_ok
         self._turns: dict[tuple[int, bool], list] = {}  # (entry, forward) -> its ``_moves``
         self._how: dict[tuple[int, int, int], tuple] = {}  # (old, new, axis) -> (kinds, their tick rates)
+        self._keys = _step_keys(shape, mesh_shape, itemsize, hardware)
         self._facts = EntryFacts()
         for x in self.cands:
             self._facts.add(x)
@@ -139,20 +140,34 @@ class StateGraph:
         return got
 
     def key(self, edge: list) -> Key:
-        """The step's search key (``edge_cost(...).key``), costed once and kept in the edge."""
+        """The step's search key (``edge_cost(...).key``), costed once and kept in the edge; shared with
+        the graphs of the same tensor that differ in their reduce ops (``_step_keys``)."""
         k = edge[2]
         if k is None:
             axis, new = edge[1]
-            how = self._how.get((edge[4], edge[5], axis))
-            if how is None:
-                kinds = step_kinds(self._entries[edge[4]], new)
-                how = self._how[(edge[4], edge[5], axis)] = (
-                    kinds, step_rates(kinds, self.hardware, axis, self.mesh_shape[axis]))
+            old = self._entries[edge[4]]
             split_dim = self._facts.split_dim
             splits = tuple([-1 if a == axis else split_dim[c] for a, c in enumerate(edge[3])])  # piece_splits
-            k = edge[2] = cheapest(self.shape, self.mesh_shape, splits, axis, self._entries[edge[4]], new,
-                                   self.itemsize, *how)[0]
+            shared = (splits, axis, old, new)
+            k = self._keys.get(shared)
+            if k is None:
+                how = self._how.get((edge[4], edge[5], axis))
+                if how is None:
+                    kinds = step_kinds(old, new)
+                    how = self._how[(edge[4], edge[5], axis)] = (
+                        kinds, step_rates(kinds, self.hardware, axis, self.mesh_shape[axis]))
+                k = self._keys[shared] = cheapest(self.shape, self.mesh_shape, splits, axis, old, new,
+                                                  self.itemsize, *how)[0]
+            edge[2] = k
         return k
+
+
+@lru_cache(maxsize=256)
+def _step_keys(shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int,
+               hardware: Hardware) -> dict[tuple, Key]:
+    """Step keys by (piece splits, axis, old entry, new entry): what ``cheapest`` depends on besides the
+    tensor and the mesh. The graphs of one tensor with different reduce ops share most of their steps."""
+    return {}
 
 
 @lru_cache(maxsize=256)
@@ -161,5 +176,5 @@ def state_graph(shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: i
     return StateGraph(shape, mesh_shape, itemsize, hardware, ops)
 
 
-for _cache in (_has_kind, state_graph):
+for _cache in (_has_kind, _step_keys, state_graph):
     on_change(_cache.cache_clear)  # steps depend on which kinds exist

@@ -88,13 +88,20 @@ class OpProblem:
 
     def cost(self, assign: list[int] | np.ndarray, zero: int) -> float:
         """Seconds per step of a one-stage candidate: every op, edge and synchronisation, summed."""
-        t = sum(float(o.compute[i] + o.gather[zero][i]) for o, i in zip(self.ops, assign))
-        t += sum(float(e.cost[assign[e.src], assign[e.dst]]) for e in self.edges)
-        t *= self.micro_batches
-        return t + sum(float(o.sync[zero][i]) for o, i in zip(self.ops, assign))
+        f = self._flat(zero)
+        a = np.asarray(assign)
+        at = f.op_at + a
+        t = f.per_micro[at].sum() + sum(m[a[src], a[dst]].sum() for m, src, dst in f.edge_groups)
+        return float(t * self.micro_batches + f.sync[at].sum())
 
     def memory(self, assign: list[int] | np.ndarray, zero: int) -> int:
-        return self.base_memory + int(sum(int(o.memory[zero][i]) for o, i in zip(self.ops, assign)))
+        f = self._flat(zero)
+        return self.base_memory + int(f.memory[f.op_at + np.asarray(assign)].sum())
+
+    def _flat(self, zero: int) -> FlatPrices:
+        """Every op's and edge's prices in flat arrays, so pricing one assignment is a few gathers: the
+        local methods and the final comparison of starting points price thousands."""
+        return self.derived(f"flat{zero}", lambda p: FlatPrices.of(p, zero))
 
     def min_memory(self, zero: int) -> int:
         return self.base_memory + int(sum(int(o.memory[zero].min()) for o in self.ops))
@@ -105,6 +112,37 @@ class OpProblem:
     def assignment(self, sigs: dict[str, NdSignature]) -> list[int]:
         """Indices of the named signatures (a preset's choices); a missing one is the all-B signature."""
         return [o.sigs.index(sigs[o.name]) if sigs.get(o.name) in o.sigs else 0 for o in self.ops]
+
+
+@dataclass(frozen=True)
+class FlatPrices:
+    """``OpProblem``'s prices arranged for pricing many assignments: op k's signature i is entry
+    ``op_at[k] + i`` of the op arrays (at one ZeRO level); edges are grouped by their cost table
+    (identical layers share one), each group priced by one gather ``table[a[src], a[dst]]``."""
+
+    op_at: np.ndarray
+    per_micro: np.ndarray  # compute + ZeRO-3 gathers
+    sync: np.ndarray
+    memory: np.ndarray
+    edge_groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (cost table, src ops, dst ops)
+
+    @staticmethod
+    def of(p: OpProblem, zero: int) -> FlatPrices:
+        sizes = [len(o.sigs) for o in p.ops]
+        op_at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return FlatPrices(op_at, np.concatenate([o.compute + o.gather[zero] for o in p.ops]),
+                          np.concatenate([o.sync[zero] for o in p.ops]),
+                          np.concatenate([o.memory[zero] for o in p.ops]).astype(np.int64),
+                          p.derived("edge_groups", _edge_groups))
+
+
+def _edge_groups(p: OpProblem) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    groups: dict[int, tuple[np.ndarray, list[int], list[int]]] = {}
+    for e in p.edges:
+        g = groups.setdefault(id(e.cost), (e.cost, [], []))
+        g[1].append(e.src)
+        g[2].append(e.dst)
+    return [(m, np.array(s, dtype=np.int64), np.array(d, dtype=np.int64)) for m, s, d in groups.values()]
 
 
 def unit_of(module: str) -> str:
