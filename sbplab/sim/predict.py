@@ -98,24 +98,25 @@ def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mappi
 def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],
               known: dict[str, CommInfo]) -> Prediction:
     M = plan.micro_batches
-    shapes, work, sent, costs, busy_extra = {}, {}, {}, {}, {}
+    shapes, sent, costs, busy_extra = {}, {}, {}, {}
     shape_cache: dict = {}
     cost_cache: dict = {}
     for r, rp in plan.ranks.items():
         shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
         row_c: list[FiringCost] = []
-        # the runtime fires a fused chain as one actor: its parts after the first cost no firing overhead
-        tails = {i for chain in fuse_chains(rp.actors)[1] for i in chain[1:]}
-        for i, a in enumerate(rp.actors):
+        for a in rp.actors:
             sh = shapes[r][a.name]
-            c = (comm_cost(a, r, sh, hw, known) if a.lane == "comm"
-                 else compute_cost(a, sh, hw, plan.device_type, cost_cache))
-            row_c.append(replace(c, seconds=c.seconds - c.overhead, overhead=0.0) if i in tails else c)
+            row_c.append(comm_cost(a, r, sh, hw, known) if a.lane == "comm"
+                         else compute_cost(a, sh, hw, plan.device_type, cost_cache))
         costs[r] = row_c
-        work[r] = [c.seconds for c in row_c]
         busy_extra[r] = [c.busy_extra for c in row_c]
         sent[r] = [c.nbytes for c in row_c]
     classes = rank_classes(plan, costs, shapes)
+    for r in classes:  # the ranks simulated: the runtime fires a fused chain as one actor, so its parts
+        row_c = costs[r]  # after the first pay no firing overhead
+        for i in {i for chain in fuse_chains(plan.ranks[r].actors)[1] for i in chain[1:]}:
+            row_c[i] = replace(row_c[i], seconds=row_c[i].seconds - row_c[i].overhead, overhead=0.0)
+    work = {r: [c.seconds for c in row_c] for r, row_c in costs.items()}
     firings = Engine(plan, steps, work, hw.cores, classes, busy_extra).run()
     step_of = {r: [M if a.scope == "micro" else 0 for a in plan.ranks[r].actors] for r in classes}
     ends = step_ends(firings, step_of, steps)
