@@ -4,7 +4,7 @@ and 64 simulated H100s (``Hardware.h100_node()``; ``Hardware.h100_ib(8)`` for 64
 Each run is a fresh process, so its peak resident memory is its own. Models are built on the meta
 device (search needs shapes, not weights). Compiling and simulating the winner (the re-ranking step)
 is timed apart from the search: for big models it can dominate. Goals: "auto" < 10 s for a 24-layer
-GPT on 64 devices; "exact" < 60 s for a 24-layer GPT on 8; < 4 GB.
+GPT on 64 devices (with and without pipeline spaces); "exact" < 60 s for a 24-layer GPT on 8; < 4 GB.
 
     .venv/bin/python benchmarks/bench_search.py            # the whole table (a few minutes)
     .venv/bin/python benchmarks/bench_search.py --one gpt24 8 exact
@@ -26,7 +26,7 @@ import sbplab as sl
 RUNS = [  # (model, devices, method, pipelines)
     ("gpt12", 8, "auto", True), ("gpt12", 8, "exact", True), ("gpt12", 8, "cd", True), ("gpt12", 8, "mcmc", True),
     ("gpt24", 8, "auto", True), ("gpt24", 8, "exact", False),
-    ("gpt24", 64, "auto", False),
+    ("gpt24", 64, "auto", False), ("gpt24", 64, "auto", True),
     ("cnn", 8, "auto", True), ("cnn", 64, "auto", False),
     ("wide_deep", 8, "auto", True), ("wide_deep", 64, "auto", False),
 ]

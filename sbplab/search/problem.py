@@ -99,8 +99,8 @@ class OpProblem:
         return self.base_memory + int(f.memory[f.op_at + np.asarray(assign)].sum())
 
     def _flat(self, zero: int) -> FlatPrices:
-        """Every op's and edge's prices in flat arrays, so pricing one assignment is a few gathers: the
-        local methods and the final comparison of starting points price thousands."""
+        """The prices arranged so that pricing one assignment is a few gathers (``FlatPrices``): the final
+        comparison of a space's starting points prices dozens per space."""
         return self.derived(f"flat{zero}", lambda p: FlatPrices.of(p, zero))
 
     def min_memory(self, zero: int) -> int:

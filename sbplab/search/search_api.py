@@ -71,7 +71,8 @@ class Space:
     def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
         key = (mesh, m)
         if key not in self._problems:
-            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m, self.boxes, self._priced.pop(key, None))
+            priced = self._priced.pop(key, None)  # the ops priced for a bound: only the edges are left
+            self._problems[key] = build_problem(self.graph(m), mesh, self.hw, m, self.boxes, priced)
         return self._problems[key]
 
 
@@ -264,11 +265,11 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
     """Pipelines of 2, 4, 8 stages (where the layers allow), 2S and 4S micro-batches, each stage mesh
     solved on the micro-batch graph and cut by the dynamic program.
 
-    Pricing a stage space's edges is the costly part, so each (space, ZeRO level) first gets a lower bound
-    from its ops alone (``PricedOps.floor``: every op at its cheapest signature, stages perfectly
-    balanced, edges free): (M + S - 1) micro-batch passes and one sync, over S stages. Spaces go cheapest bound first, and one whose bound
-    is no better than the ``keep``-th best feasible candidate so far could not reach the re-rank, so it is
-    skipped unsolved."""
+    Pricing a stage space's edges is the costly part, so each (space, ZeRO level) first gets a lower
+    bound from its ops alone (``PricedOps.floor``: every op at its cheapest signature, stages perfectly
+    balanced, edges free): (M + S - 1) micro-batch passes and one sync, over S stages. Spaces go
+    cheapest bound first, and one whose bound is no better than the ``keep``-th best feasible candidate
+    so far could not reach the re-rank, so it is skipped unsolved."""
     bounds = []
     for S, M, mesh in spaces:
         if clock.expired():
