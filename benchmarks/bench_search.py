@@ -29,6 +29,9 @@ RUNS = [  # (model, devices, method, pipelines)
     ("gpt24", 64, "auto", False), ("gpt24", 64, "auto", True),
     ("cnn", 8, "auto", True), ("cnn", 64, "auto", False),
     ("wide_deep", 8, "auto", True), ("wide_deep", 64, "auto", False),
+    # cd and mcmc against exact across the zoo at 8 devices, on the same spaces (no pipelines)
+    ("gpt24", 8, "cd", False), ("gpt24", 8, "mcmc", False),
+    *((m, 8, meth, False) for m in ("cnn", "wide_deep") for meth in ("exact", "cd", "mcmc")),
 ]
 
 
