@@ -136,13 +136,8 @@ class BoxTable:
                 for hop, s in zip(route.hops, apply_hops(src, route.hops))]
 
     def _price(self, src: NdSbp, dst: NdSbp) -> float:
-        if src == dst or is_local_change(src, dst):
-            return 0.0
-        shape, mesh = self.shape, self.mesh_shape
-        if not (state_ok(shape, mesh, src) and state_ok(shape, mesh, dst)):
-            return self._planned(src, dst)  # the planner raises its error for a layout that does not fit
-        t = self._seconds_from(src, partial_ops(src, dst)).get(dst)
-        return self._planned(src, dst) if t is None else t  # unreachable: the planner says why
+        t = self._row(src, partial_ops(src, dst)).get(dst)
+        return self._planned(src, dst) if t is None else t  # no route: the planner answers, or says why
 
     def _planned(self, src: NdSbp, dst: NdSbp) -> float:
         return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype, hardware=self.hw).time_s
