@@ -150,13 +150,23 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis
     hardware view of a mesh shape (links mapped either way) shares it, and ints as its key, cheap to
     hash."""
     p = mesh_shape[axis]
-    # a coordinate's piece depends only on the axes that split it, its bytes on that and its place on
-    # ``axis``: each distinct one is asked once, then spread over the mesh in row-major order (the
-    # other axes' coordinates read as 0); plain ints, as a handful of coordinates is all there is
-    spans = [range(n) if a == axis or splits[a] != -1 else (0,) * n for a, n in enumerate(mesh_shape)]
+    # a coordinate's piece depends only on the axes that split it (and on none when they all split
+    # evenly), its bytes on that and its place on ``axis``: each distinct one is asked once, then spread
+    # over the mesh in row-major order (the other axes' coordinates read as 0)
+    sizes, even = list(shape), True
+    for a, d in enumerate(splits):
+        if d != -1:
+            even = even and sizes[d] % mesh_shape[a] == 0
+            sizes[d] //= mesh_shape[a]
+    spans = [range(n) if a == axis or (splits[a] != -1 and not even) else (0,) * n
+             for a, n in enumerate(mesh_shape)]
     per: dict[tuple[int, ...], tuple[int, int, int]] = {}
+    seen: dict[tuple, tuple[int, int, int]] = {}  # (piece, place on ``axis``): even splits leave few distinct
     for coord in itertools.product(*(sorted(set(s)) for s in spans)):
-        per[coord] = kind.rank_elements(_piece_extents(shape, mesh_shape, splits, coord), old, new, p, coord[axis])
+        key = (tuple(_piece_extents(shape, mesh_shape, splits, coord)), coord[axis])
+        got = per[coord] = seen.get(key)
+        if got is None:
+            per[coord] = seen[key] = kind.rank_elements(key[0], old, new, p, coord[axis])
     every = [per[c] for c in itertools.product(*spans)]
     sent = tuple(x[0] * itemsize for x in every)
     return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)

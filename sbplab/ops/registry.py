@@ -21,9 +21,9 @@ import torch
 from ..errors import SbplabError
 from ..freeze import freeze
 from ..freeze import freeze as _freeze  # noqa: F401  (the name ops/choose.py and eager/dispatch.py import)
-from ..layout import Block, local_block, numel, partial_ok
+from ..layout import Block, local_block, numel, partial_ok, split_range
 from ..placement import Placement
-from ..sbp import B, NdSbp, SbpParallel, fmt_sbp, normalize_split
+from ..sbp import B, NdSbp, SbpParallel, Split, fmt_sbp, normalize_split
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
@@ -245,28 +245,33 @@ def _valid_on_ranks(op: OpDef, in_metas: tuple[TensorMeta, ...], out_metas: tupl
     return True
 
 
-@lru_cache(maxsize=64)
-def _canonical(mesh_shape: tuple[int, ...]) -> Placement:
-    """Ranks 0..n-1 in row-major order on a mesh of this shape (validity depends only on the shape)."""
-    return Placement("cpu", list(range(numel(mesh_shape))) if len(mesh_shape) == 1 else
-                     torch.arange(numel(mesh_shape)).reshape(mesh_shape).tolist())
-
-
 @lru_cache(maxsize=16384)
 def _rank_blocks(shape: tuple[int, ...], nd: NdSbp, mesh_shape: tuple[int, ...]
                  ) -> tuple[tuple[Block | None, ...], tuple[int, ...]]:
-    """Per rank of the canonical mesh: the block ``local_block`` gives, or None where it is empty (as
-    ``_blocks_fit`` rejects it); and the first rank holding an equal block. Every op with a tensor
-    of this shape asks again, so it is kept."""
-    pl = _canonical(mesh_shape)
+    """Per rank of a mesh of this shape (ranks row-major): the block ``local_block`` gives, or None where
+    it is empty (as ``_blocks_fit`` rejects it); and the first rank holding an equal block. Every op with
+    a tensor of this shape asks again, so it is kept."""
+    every: list[Block] = [tuple((0, n) for n in shape)]
+    for axis, x in enumerate(nd):  # ``layout._block``'s nesting, one mesh axis at a time, ranks row-major
+        p = mesh_shape[axis]
+        if not isinstance(x, Split):
+            every = [blk for blk in every for _ in range(p)]
+            continue
+        d, grown = x.dim, []
+        for blk in every:
+            s, e = blk[d]
+            for c in range(p):
+                a, b = split_range(e - s, p, c)
+                grown.append(blk[:d] + ((s + a, s + b),) + blk[d + 1:])
+        every = grown
     empty_ok = numel(shape) == 0
     blocks: list[Block | None] = []
     first: list[int] = []
-    for r in pl.rank_list:
-        blk = local_block(shape, pl, nd, r)
-        blk = None if not empty_ok and any(e - s <= 0 for s, e in blk) else blk
-        first.append(blocks.index(blk) if blk in blocks else len(blocks))
-        blocks.append(blk)
+    at: dict[Block | None, int] = {}
+    for blk in every:
+        kept = None if not empty_ok and any(e - s <= 0 for s, e in blk) else blk
+        first.append(at.setdefault(kept, len(blocks)))
+        blocks.append(kept)
     return tuple(blocks), tuple(first)
 
 
