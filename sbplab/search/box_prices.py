@@ -144,14 +144,19 @@ class BoxTable:
 
 
 class BoxPrices:
-    """Every ``BoxTable`` of one search, keyed by mesh shape and hardware view, then by tensor."""
+    """Every ``BoxTable`` of one search, keyed by mesh shape and hardware view, then by tensor; and the
+    ops' compute times per mesh shape (``Pricer.compute_time``), which no link mapping changes."""
 
     def __init__(self) -> None:
         self._meshes: dict[tuple[tuple[int, ...], Hardware], dict[TensorMeta, BoxTable]] = {}
+        self._compute: dict[tuple[int, ...], dict[tuple, float]] = {}
 
     def for_mesh(self, placement: Placement, hw: Hardware) -> MeshBoxes:
         tables = self._meshes.setdefault((placement.shape, hw), {})
         return MeshBoxes(tables, placement, hw)
+
+    def compute_times(self, mesh_shape: tuple[int, ...]) -> dict[tuple, float]:
+        return self._compute.setdefault(mesh_shape, {})
 
 
 class MeshBoxes:

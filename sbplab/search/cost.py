@@ -43,6 +43,7 @@ from ..layout import LayoutError, check_layout, local_shape, numel
 from ..ops.registry import NdSignature, TensorMeta, get_op, local_context
 from ..placement import Placement
 from ..sbp import B, Broadcast, NdSbp, Partial, S, Split
+from .box_floors import FloorBoxes
 from .box_prices import BoxPrices
 
 ZERO_LEVELS = (0, 2, 3)  # 0: replicated state; 2: gradients and optimizer state sharded; 3: parameters too
@@ -87,18 +88,19 @@ def mirror(sbp: NdSbp) -> NdSbp:
 class Pricer:
     """Prices ops, edges and parameters on one mesh; every price in seconds or bytes per device."""
 
-    def __init__(self, graph: Graph, placement: Placement, hw: Hardware, boxes: BoxPrices | None = None,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+    def __init__(self, graph: Graph, placement: Placement, hw: Hardware,
+                 boxes: BoxPrices | FloorBoxes | None = None, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         self.graph, self.placement, self.hw = graph, placement, hw
         self.bucket_bytes = bucket_mb * 2**20  # 0: every gradient reduction runs alone
         self.rank = placement.rank_list[0]
-        self.boxes = (boxes or BoxPrices()).for_mesh(placement, hw)  # shared by every mesh of this shape and links
+        boxes = boxes or BoxPrices()
+        self.boxes = boxes.for_mesh(placement, hw)  # shared by every mesh of this shape and links
+        self._compute: dict[tuple, float] = boxes.compute_times(placement.shape)  # and of this shape
         self.backward_of: dict[str, list[OpNode]] = {}
         for op in graph.ops:
             if op.phase == "backward" and op.forward_op is not None:
                 self.backward_of.setdefault(op.forward_op, []).append(op)
         self._edges: dict[tuple, np.ndarray] = {}
-        self._compute: dict[tuple, float] = {}
         self.local_bytes = lru_cache(maxsize=None)(self._local_bytes)  # type: ignore[method-assign]
         self.param_costs = lru_cache(maxsize=None)(self._param_costs)  # type: ignore[method-assign]
 
