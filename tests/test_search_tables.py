@@ -18,14 +18,17 @@ from sbplab.boxing.kinds import kinds_between
 from sbplab.boxing.route import candidates, partial_ops
 from sbplab.compiler.deduction.deduce import is_local_change
 from sbplab.sbp import B
+from sbplab.search.box_floors import FloorBoxes
 from sbplab.search.clock import Clock
 from sbplab.search.cost import ZERO_LEVELS
 from sbplab.search.exhaustive import exhaustive
 from sbplab.search.ilp import solve_ilp
 from sbplab.search.mesh import mesh_choices
+from sbplab.search.problem import floor_edges, price_ops
 from sbplab.search.search_api import Space, _pipeline_spaces, _pipelines, search
 from sbplab.search.search_progress import ProgressReporter
 from sbplab.search.shrink import Reduced
+from sbplab.search.stage_floor import StageFloor
 
 
 def _gpt_space(hw: sl.Hardware) -> Space:
@@ -129,6 +132,32 @@ def test_ilp_with_a_fractional_relaxation_matches_enumeration():
     assert none.x is None and none.status == "infeasible"
 
 
+@pytest.mark.parametrize("devices,hw", [(4, sl.Hardware.h100_node()), (8, sl.Hardware.h100_ib(2)),
+                                        (6, sl.Hardware.cpu_box())], ids=["one-link", "two-links", "uneven"])
+def test_boxing_floors_are_never_above_a_price_and_close_to_most(devices, hw):
+    torch.manual_seed(0)
+    m = sl.models.GPT(sl.models.GPTConfig(n_layer=2))
+    (idx,), y = m.example_batch(12 if devices == 6 else 8)  # 6 ranks: uneven splits of 4 heads, 12 rows
+    space = Space(m, (idx,), m.loss_fn, y, sl.Adam(), hw)
+    for mesh in mesh_choices(devices, hw):
+        pr = space.problem(mesh)
+        floors = floor_edges(price_ops(space.graph(1), mesh, hw))  # the same edges, in the same order
+        assert [(e.src, e.dst) for e in floors] == [(e.src, e.dst) for e in pr.edges]
+        assert all((f.cost <= e.cost).all() for f, e in zip(floors, pr.edges)), mesh
+    ratios = []
+    for (_, view), tables in space.boxes._meshes.items():
+        for meta, table in tables.items():
+            floor = FloorBoxes().for_mesh(table.placement, view)
+            pairs = [*table._times.items(), *(((src, dst), t) for (src, ops), row in table._rows.items()
+                                              for dst, t in row.items() if partial_ops(src, dst) == ops)]
+            for (src, dst), t in pairs:
+                f = floor.time(meta, src, dst)
+                assert 0.0 <= f <= t, (meta, src, dst)
+                if t > 0:
+                    ratios.append(f / t)
+    assert len(ratios) > 5000 and np.median(ratios) > 0.9  # tight enough to skip spaces on
+
+
 @pytest.mark.parametrize("devices,hw,node", [(4, sl.Hardware.h100_node(), None), (8, sl.Hardware.h100_ib(2), 4)],
                          ids=["one-link", "two-links"])
 def test_pipeline_spaces_skipped_by_their_bound_could_not_have_won(devices, hw, node):
@@ -145,9 +174,11 @@ def test_pipeline_spaces_skipped_by_their_bound_could_not_have_won(devices, hw, 
 
     every = run(10**9, [])
     assert len(every) == len(spaces) * len(ZERO_LEVELS)
-    for c in every:  # the bound is one: no cut of any assignment goes below it
+    for c in every:  # both bounds are ones: no cut of any assignment goes below them
         S, M = c.n_stages, c.micro_batches
-        assert space.priced_ops(c.mesh, M).floor(c.zero, M + S - 1) / S <= c.step_time, c.describe()
+        floor = space.stage_floor(c.mesh, M).value(c.zero, M + S - 1) / S  # edges at their floors
+        real = StageFloor(c.problem.ops, c.problem.edges).value(c.zero, M + S - 1) / S  # at their prices
+        assert floor <= c.step_time and real <= c.step_time, c.describe()
     res = search(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=sl.Adam(), devices=devices, hardware=hw,
                  method="exact", node_size=node, reduce=False, rerank_top=0)
     assert any("skipped unsolved" in n for n in res.notes), res.notes

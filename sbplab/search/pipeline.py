@@ -13,11 +13,12 @@ largest stage's: its parameters, gradients and state, plus M micro-batches of ac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import OpProblem
+from .problem import OpProblem, OpSpace
 
 
 @dataclass
@@ -29,11 +30,11 @@ class PipelineCost:
     bubble: float  # (S - 1) / (M + S - 1)
 
 
-def blocks_of(problem: OpProblem) -> list[list[int]]:
-    """Ops grouped into runs of one layer, in order; ops of no layer join the run before them."""
+def blocks_of(ops: Sequence[OpSpace]) -> list[list[int]]:
+    """Ops (a problem's, in order) grouped into runs of one layer; ops of no layer join the run before them."""
     blocks: list[list[int]] = []
     last = None
-    for k, o in enumerate(problem.ops):
+    for k, o in enumerate(ops):
         if blocks and (o.unit == last or not o.unit):
             blocks[-1].append(k)
         else:
@@ -68,7 +69,7 @@ def price_stages(problem: OpProblem, assign: list[int], zero: int, stage_of_op: 
 
 def best_cut(problem: OpProblem, assign: list[int], zero: int, n_stages: int) -> PipelineCost | None:
     """The contiguous cut into ``n_stages`` stages with the least slowest-stage time (None: too few layers)."""
-    blocks = blocks_of(problem)
+    blocks = blocks_of(problem.ops)
     nb = len(blocks)
     if nb < n_stages:
         return None

@@ -26,6 +26,7 @@ from ..compiler.ir import Graph, OpNode
 from ..gc_pause import without_gc
 from ..hardware import Hardware
 from ..ops.registry import NdSignature
+from .box_floors import FloorBoxes
 from .box_prices import BoxPrices
 from .cost import Pricer
 from .mesh import MeshChoice
@@ -168,8 +169,9 @@ def _states_per_param(graph: Graph) -> dict[str, int]:
 
 @dataclass
 class PricedOps:
-    """The first half of a problem: every forward op priced, no edge yet. Enough for a lower bound on a
-    pipeline's step time (``floor``), so a stage space that cannot win skips its edges, the costly half."""
+    """The first half of a problem: every forward op priced, no edge yet. With its edges at their floors
+    (``floor_edges``), enough for a lower bound on a pipeline's step time (``stage_floor.py``), so a stage
+    space that cannot win skips its real edges, the costly half."""
 
     graph: Graph  # the copy placements were set on
     mesh: MeshChoice
@@ -180,11 +182,6 @@ class PricedOps:
     owner: dict[str, tuple[int, int]]  # source tensor -> (op index, input position) of its first reader
     base_memory: int
     micro_batches: int
-
-    def floor(self, zero: int, rounds: float) -> float:
-        """Seconds no choice goes below for ``rounds`` micro-batch passes plus one step's sync: each op at
-        the signature cheapest for that mix, edges free."""
-        return sum(float((rounds * (o.compute + o.gather[zero]) + o.sync[zero]).min()) for o in self.ops)
 
 
 @without_gc  # many small long-lived tables and no cycles: the collector would only re-walk them
@@ -231,7 +228,20 @@ def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: i
     """Price every forward op of ``graph`` (``price_ops``, or ``priced`` if it was done already) and every
     edge between forward ops. ``boxes``: boxing prices to share with other meshes of the search."""
     p = priced or price_ops(graph, mesh, hw, micro_batches, boxes)
-    g, ops, prices = p.graph, p.ops, p.prices
+    return OpProblem(p.graph, p.mesh, p.hw, p.ops, edges_of(p, p.prices), p.base_memory, micro_batches,
+                     {o.name: o.index for o in p.ops})
+
+
+def floor_edges(p: PricedOps) -> list[Edge]:
+    """``p``'s edges priced by floors (``box_floors.py``) instead of route searches: no price is above the
+    real one, and the whole set costs a few array lookups per layout pair."""
+    prices = OpPrices(p.graph, Pricer(p.graph, p.mesh.placement(), p.hw, FloorBoxes()))
+    return edges_of(p, prices)
+
+
+def edges_of(p: PricedOps, prices: OpPrices) -> list[Edge]:
+    """Every edge between ``p``'s forward ops, priced by ``prices``."""
+    g, ops = p.graph, p.ops
     index = {o.name: o.index for o in ops}
     shared: dict[int, list[tuple[int, str]]] = {}
     for k, pos, t in p.shared:
@@ -250,4 +260,4 @@ def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: i
             j = g.op_by_name[producer].outputs.index(t)
             cost, cross = prices.activation_edge(src.op, src.sigs, j, dst.op, pos, dst.sigs, t)
             edges.append(Edge(src.index, dst.index, t, cost, cross))
-    return OpProblem(g, p.mesh, p.hw, ops, edges, p.base_memory, micro_batches, index)
+    return edges

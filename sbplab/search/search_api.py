@@ -30,12 +30,13 @@ from .cost import ZERO_LEVELS
 from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
-from .problem import OpProblem, PricedOps, build_problem, price_ops
+from .problem import OpProblem, PricedOps, build_problem, floor_edges, price_ops
 from .rerank import rerank, rerank_units
 from .result import SearchResult
 from .search_errors import SearchError
 from .search_progress import ProgressCallback, ProgressReporter
 from .solve import METHODS, solve_space
+from .stage_floor import StageFloor
 
 
 class Space:
@@ -48,6 +49,7 @@ class Space:
         self._graphs: dict[int, Graph] = {}
         self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
         self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
+        self._floors: dict[tuple[MeshChoice, int], StageFloor] = {}
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
 
     def graph(self, m: int) -> Graph:
@@ -67,6 +69,15 @@ class Space:
         if key not in self._priced:
             self._priced[key] = price_ops(self.graph(m), mesh, self.hw, m, self.boxes)
         return self._priced[key]
+
+    def stage_floor(self, mesh: MeshChoice, m: int) -> StageFloor:
+        """A floor under every pipeline of stage mesh ``mesh`` and ``m`` micro-batches: its ops priced,
+        its edges at their floors (``stage_floor.py``), before the real edges are worth pricing."""
+        key = (mesh, m)
+        if key not in self._floors:
+            ops = self.priced_ops(mesh, m)
+            self._floors[key] = StageFloor(ops.ops, floor_edges(ops))
+        return self._floors[key]
 
     def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
         key = (mesh, m)
@@ -239,7 +250,7 @@ def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[st
 def _pipeline_spaces(space: Space, devices: int, node_size: int | None) -> list[tuple[int, int, MeshChoice]]:
     """(stages S, micro-batches M, stage mesh) to solve: 2, 4, 8 stages where the layers allow, 2S and 4S
     micro-batches where the batch divides, every mesh of the ranks one stage gets."""
-    n_layers = len(blocks_of(space.priced_ops(MeshChoice((1,), (0,)))))
+    n_layers = len(blocks_of(space.priced_ops(MeshChoice((1,), (0,))).ops))
     out = []
     for S in (2, 4, 8):
         if devices % S or S > n_layers:
@@ -266,22 +277,22 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
     solved on the micro-batch graph and cut by the dynamic program.
 
     Pricing a stage space's edges is the costly part, so each (space, ZeRO level) first gets a lower
-    bound from its ops alone (``PricedOps.floor``: every op at its cheapest signature, stages perfectly
-    balanced, edges free): (M + S - 1) micro-batch passes and one sync, over S stages. Spaces go
-    cheapest bound first, and one whose bound is no better than the ``keep``-th best feasible candidate
-    so far could not reach the re-rank, so it is skipped unsolved."""
+    bound (``stage_floor.py``: its ops, the edges inside its layers at their floors, stages perfectly
+    balanced). Spaces go cheapest bound first, and one whose bound is no better than the ``keep``-th best
+    feasible candidate so far could not reach the re-rank, so it is skipped unsolved; once a space's
+    edges are priced, the same bound on its real prices may still skip a ZeRO level's solve."""
     bounds = []
     for S, M, mesh in spaces:
         if clock.expired():
             break
         try:
-            ops = space.priced_ops(mesh, M)
+            floor = space.stage_floor(mesh, M)
         except (ValueError, GraphError):
             for _ in zero_levels:
                 report.step("pipelines")
             continue
-        for z in zero_levels:  # the slowest stage is at least the mean one
-            bounds.append((ops.floor(z, M + S - 1) / S, S, M, mesh, z))
+        for z in zero_levels:
+            bounds.append((floor.value(z, M + S - 1) / S, S, M, mesh, z))
     bounds.sort(key=lambda b: b[0])
     out: list[Candidate] = []
     skipped = 0
@@ -293,6 +304,11 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
             report.step("pipelines")
             continue
         pr = space.problem(mesh, M)
+        real = pr.derived("stage_floor", lambda p: StageFloor(p.ops, p.edges))
+        if real.value(z, M + S - 1) / S >= _kth_best(found + out, memory_limit, keep):
+            skipped += 1
+            report.step("pipelines")
+            continue
         assign, ran = solve_space(pr, z, method, None, clock, [], seed, reduce)
         cut = best_cut(pr, assign, z, S) if assign is not None else None
         if cut is None:
@@ -306,6 +322,6 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
         report.step("pipelines", c)
     if skipped:
         notes.append(f"{skipped} of {len(bounds)} pipeline spaces (stages, micro-batches, stage mesh, ZeRO level) "
-                     f"skipped unsolved: even with every op at its cheapest signature, stages perfectly balanced "
-                     f"and no boxing, they could not beat the {keep} best candidates found")
+                     f"skipped unsolved: even with stages perfectly balanced and each layer at its least cost, "
+                     f"they could not beat the {keep} best candidates found")
     return out

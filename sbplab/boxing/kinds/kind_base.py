@@ -101,6 +101,13 @@ class StepKind:
         communication, the elements written for a local fill."""
         raise NotImplementedError(f"boxing kind {self.name!r} does not say its bytes")
 
+    def busy_floor(self, T: int, p: int) -> int:
+        """A floor under the busiest member's ``busy`` elements (``rank_elements``) when a group of ``p``
+        works on pieces of ``T`` elements or more, whatever their shape and split: what a lower bound on a
+        route's time may assume without knowing the layouts around the step (``search/box_floors.py``).
+        0 unless the kind knows better."""
+        return 0
+
     def rounds(self, group_size: int, messages: int = 1) -> int:
         """Latency terms of one step: ring steps of a collective, messages of a move, 0 for local work."""
         return 0

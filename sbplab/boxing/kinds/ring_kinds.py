@@ -44,6 +44,10 @@ class RingKind(CollectiveKind):
         """The split side of the step (whose chunks travel)."""
         raise NotImplementedError
 
+    def busy_floor(self, T: int, p: int) -> int:
+        """(p - 1) chunks, the largest at least T / p (all-gather and reduce-scatter)."""
+        return (p - 1) * T // p
+
     def rank_elements(self, piece, old, new, p, i) -> tuple[int, int, int]:
         T = numel(piece)
         d = self.split_of(old, new).dim
@@ -177,6 +181,10 @@ class AllReduceKind(RingKind):
     def rank_elements(self, piece, old, new, p, i) -> tuple[int, int, int]:
         s, r = self.ring_elements(p, i, numel(piece), [])
         return s, r, max(s, r)
+
+    def busy_floor(self, T: int, p: int) -> int:
+        """2T less two balanced chunks, each at most ceil(T / p)."""
+        return max(0, 2 * T - 2 * -(-T // p))
 
     def explain(self, old, new, axis_label: str) -> str:
         return f"{old!r} -> B on {axis_label}: reduce the partial values everywhere"
