@@ -105,7 +105,7 @@ def _ew_grad_sigs(ins: Sequence[TensorMeta], a: dict, skip: int | None = None) -
 
 RELU_GRAD = define(OpDef(
     "relu_grad", _binary_same_infer("relu_grad"), _ew_grad_sigs,
-    lambda xs, a: (torch.where(xs[1] > 0, xs[0], torch.zeros_like(xs[0])),), ew_flops(1),
+    lambda xs, a: (torch.ops.aten.threshold_backward(xs[0], xs[1], 0),), ew_flops(1),  # autograd's own kernel
     doc="relu_grad(g, y): g where the relu output y is positive.",
 ))
 
