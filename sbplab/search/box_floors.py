@@ -39,7 +39,7 @@ _SAFE = 1.0 - 1e-9  # seconds added in another order than the route search adds 
 @lru_cache(maxsize=4096)
 def _axis_walks(ndim: int, mesh_shape: tuple[int, ...], axis: int, itemsize: int, numel_: int,
                 hw: Hardware) -> tuple[dict[SbpParallel, int], np.ndarray]:
-    """(entry -> index, ticks of the cheapest walk between every two entries) on mesh ``axis``."""
+    """(entry -> index, seconds of the cheapest walk between every two entries) on mesh ``axis``."""
     entries = candidates(ndim, REDUCE_OPS)
     at = {x: n for n, x in enumerate(entries)}
     p = mesh_shape[axis]
@@ -81,7 +81,8 @@ class MeshFloors:
         """A floor under ``BoxTable.time(src, dst)`` for every pair [srcs, dsts], in seconds."""
         out = np.zeros((len(srcs), len(dsts)))
         for a in range(len(self.mesh_shape)):
-            at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, meta.dtype.itemsize, numel(meta.shape), self.hw)
+            at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, meta.dtype.itemsize, numel(meta.shape),
+                                self.hw)
             rows = np.array([at[s[a]] for s in srcs], dtype=np.int64)
             cols = np.array([at[t[a]] for t in dsts], dtype=np.int64)
             out += d[np.ix_(rows, cols)]
@@ -91,4 +92,6 @@ class MeshFloors:
         return float(self.matrix(meta, [src], [dst])[0, 0])
 
     def bucketable_latency(self, meta: TensorMeta, src: NdSbp, dst: NdSbp) -> float:
-        return 0.0  # edges only: a floor prices no gradient bucket
+        """All of the floor: a gradient's bucket share of it (``Pricer.grad_reduce_time``) is then below
+        the real reduction's price, whose own latency is at most its whole time."""
+        return self.time(meta, src, dst)

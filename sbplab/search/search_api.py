@@ -269,6 +269,11 @@ def _kth_best(found: list[Candidate], memory_limit: float | None, k: int) -> flo
     return times[k - 1] if len(times) >= k else float("inf")
 
 
+def _real_floor(pr: OpProblem) -> StageFloor:
+    """The same bound on ``pr``'s real edge prices, kept with the problem (every ZeRO level asks)."""
+    return pr.derived("stage_floor", lambda p: StageFloor(p.ops, p.edges))
+
+
 def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clock, seed: int,
                zero_levels: tuple[int, ...], reduce: bool | None, least: list, report: ProgressReporter,
                spaces: list[tuple[int, int, MeshChoice]], found: list[Candidate], keep: int,
@@ -299,13 +304,9 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
     for bound, S, M, mesh, z in bounds:
         if clock.expired():
             break
-        if bound >= _kth_best(found + out, memory_limit, keep):
-            skipped += 1
-            report.step("pipelines")
-            continue
-        pr = space.problem(mesh, M)
-        real = pr.derived("stage_floor", lambda p: StageFloor(p.ops, p.edges))
-        if real.value(z, M + S - 1) / S >= _kth_best(found + out, memory_limit, keep):
+        kth = _kth_best(found + out, memory_limit, keep)
+        pr = space.problem(mesh, M) if bound < kth else None  # real edges only where the floor lets it win
+        if pr is None or _real_floor(pr).value(z, M + S - 1) / S >= kth:
             skipped += 1
             report.step("pipelines")
             continue

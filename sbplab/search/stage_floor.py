@@ -31,7 +31,7 @@ class _Tree:
 
     ops: tuple[int, ...]
     order: tuple[int, ...]  # positions in ``ops``, roots first, each after its parent
-    parent: tuple[tuple[int, np.ndarray] | None, ...]  # per position: (parent position, cost [own sigs, parent sigs])
+    parent: tuple[tuple[int, np.ndarray] | None, ...]  # per position: (parent's, cost [own sigs, parent's sigs])
     count: int  # how many layers have exactly these prices
 
 
@@ -48,7 +48,8 @@ class StageFloor:
                 inside[block_of[e.src]].append(e)
         trees: dict[tuple, _Tree] = {}
         for ks, es in zip(blocks, inside):
-            key = (tuple(id(ops[k].compute) for k in ks), tuple((e.src - ks[0], e.dst - ks[0], id(e.cost)) for e in es))
+            key = (tuple(id(ops[k].compute) for k in ks),  # one price table per distinct op (``op_prices.py``)
+                   tuple((e.src - ks[0], e.dst - ks[0], id(e.cost)) for e in es))
             got = trees.get(key)
             trees[key] = _forest(ks, es) if got is None else _Tree(got.ops, got.order, got.parent, got.count + 1)
         self.trees = list(trees.values())
@@ -56,7 +57,8 @@ class StageFloor:
     def value(self, zero: int, rounds: float) -> float:
         total = 0.0
         for tree in self.trees:
-            f = [rounds * (self.ops[k].compute + self.ops[k].gather[zero]) + self.ops[k].sync[zero] for k in tree.ops]
+            ops = [self.ops[k] for k in tree.ops]
+            f = [rounds * (o.compute + o.gather[zero]) + o.sync[zero] for o in ops]
             low = 0.0
             for i in reversed(tree.order):  # leaves first: fold each op's best into its parent
                 up = tree.parent[i]
