@@ -14,7 +14,9 @@ thread per rank:
 Time per step is what a user waits for: (wall time of a run of W + N steps - wall time of a run of W
 steps) / N, measured on the driver for sbplab (``cluster.run``, plan shipping and result gathering
 included) and on rank 0 for the peer (between barriers, inside already-started processes: the peer
-pays no process start-up, sbplab pays its per-run set-up in both runs, which cancels). Rounds are
+pays no process start-up, sbplab pays its per-run set-up in both runs, which cancels). N is ``--steps``
+at width 2048 and grows as 2048 / width (96 steps at 256): a step of a few ms needs many of them for a
+window this machine's noise does not swamp. Rounds are
 interleaved (sbplab, peer, sbplab, peer, ...), after one untimed round that warms both sides up (the
 first runs of fresh workers are slower, and the first pair of a cluster would pay for it alone); the
 median and the spread (min-max) of each side are printed, with the first-step loss of both to show
@@ -246,14 +248,14 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="*", default=[256, 1024, 2048])
     ap.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--warm", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=12, help="N at width 2048; a narrower width runs more (see below)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None, help="sbplab strategies to run: dp zero3 tp pipe")
     a = ap.parse_args()
     if a.quick:
         a.widths, a.ranks, a.steps, a.rounds = [256], [2], 6, 2
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}; W={a.warm}, N={a.steps}, {a.rounds} interleaved rounds")
+          f"{torch.__version__}; W={a.warm}, N={a.steps} x 2048 / width, {a.rounds} interleaved rounds")
     print(f"{'ranks':>5} {'width':>5}  {'sbplab':<18} {'peer':<27} {'sbplab ms [min-max]':<26} "
           f"{'peer ms [min-max]':<26} {'ratio':>5}  first loss (sbplab / peer)")
     for world in a.ranks:
@@ -262,8 +264,8 @@ def main() -> None:
                 for label, kind, peer, peer_label in PAIRS:
                     if a.only and kind not in a.only:
                         continue
-                    ours, theirs, l0, p0 = bench_pair(cluster, world, width, kind, peer, a.warm, a.steps,
-                                                      a.rounds)
+                    n = a.steps * max(1, 2048 // width)  # a narrow step is short: more of them, a readable window
+                    ours, theirs, l0, p0 = bench_pair(cluster, world, width, kind, peer, a.warm, n, a.rounds)
                     ratio = statistics.median(ours) / statistics.median(theirs)
                     print(f"{world:>5} {width:>5}  {label:<18} {peer_label:<27} {_fmt(ours):<26} "
                           f"{_fmt(theirs):<26} {ratio:5.2f}  {l0:.5f} / {p0:.5f}", flush=True)

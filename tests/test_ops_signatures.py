@@ -141,3 +141,23 @@ def test_flops_count_multiply_adds_twice():
     lin = get_op("linear")
     ins = [TensorMeta((7, 3)), TensorMeta((5, 3)), TensorMeta((5,))]
     assert lin.flops(ins, lin.infer(ins, {}), {}) == 2 * 7 * 5 * 3 + 7 * 5
+
+
+def test_rank_blocks_are_local_blocks_rank_by_rank_on_uneven_and_empty_splits():
+    """Signature validity reads every rank's blocks off ``_rank_blocks`` (built one mesh axis at a time);
+    they must be ``local_block``'s, with None where a shard is empty, and the first rank of each block."""
+    import itertools
+
+    from sbplab.layout import local_block
+    from sbplab.ops.registry import _rank_blocks
+
+    for ranks in ([0, 1, 2, 3], [[0, 1, 2], [3, 4, 5]], [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]):
+        pl = Placement("cpu", ranks)
+        for shape in [(5, 7), (3,), (2, 9, 4), (0, 4), (1, 6)]:
+            entries = [S(d) for d in range(len(shape))] + [B, P]
+            for sbp in itertools.product(entries, repeat=pl.ndim):
+                blocks, first = _rank_blocks(shape, sbp, pl.shape)
+                want = [local_block(shape, pl, sbp, r) for r in pl.rank_list]
+                want = [None if 0 not in shape and any(e - s <= 0 for s, e in b) else b for b in want]
+                assert list(blocks) == want, (pl.shape, shape, sbp)
+                assert list(first) == [want.index(b) for b in want]
