@@ -129,10 +129,13 @@ def _ce_infer(ins: Sequence[TensorMeta], a: dict) -> list[TensorMeta]:
 
 
 def _ce_kernel(xs: Sequence[torch.Tensor], a: dict) -> tuple[torch.Tensor]:
+    """Autograd's own two kernels for ``F.cross_entropy`` (mean) with the global N as the total weight:
+    each row of the gradient is bit for bit the row single-device torch computes."""
     g, logits, target = xs
-    p = torch.softmax(logits, dim=1)
-    p[torch.arange(p.shape[0]), target] -= 1
-    return (p * (g / a.get("count", logits.shape[0])),)
+    logp = torch.log_softmax(logits, dim=1)
+    count = torch.tensor(float(a.get("count", logits.shape[0])), dtype=logits.dtype)
+    d_logp = torch.ops.aten.nll_loss_backward(g, logp, target, None, 1, -100, count)  # 1: mean
+    return (torch.ops.aten._log_softmax_backward_data(d_logp, logp, 1, logits.dtype),)
 
 
 CROSS_ENTROPY_GRAD = define(OpDef(
