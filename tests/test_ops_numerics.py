@@ -272,3 +272,21 @@ def test_localized_signatures_on_uneven_nd_meshes(case):
     for addends in (None, torch.Generator().manual_seed(100 + case)):
         checked = check_signature_numerics(name, inputs, attrs, placement, sigs, addends, reference=ref)
         assert checked == len(sigs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_loss_and_relu_gradients_are_autograds_bit_for_bit_on_every_row_shard(dtype):
+    """cross_entropy_grad and relu_grad run autograd's own kernels: a data-parallel shard of rows, with
+    the global N, gives exactly the rows single-device torch's backward gives, not only close ones."""
+    torch.manual_seed(0)
+    logits, target = torch.randn(12, 7, dtype=dtype), torch.randint(0, 7, (12,))
+    x = logits.clone().requires_grad_()
+    F.cross_entropy(x, target).backward()
+    ce = get_op("cross_entropy_grad")
+    for lo, hi in [(0, 12), (0, 5), (5, 12)]:
+        got = ce.kernel([torch.tensor(1.0, dtype=dtype), logits[lo:hi], target[lo:hi]], {"count": 12})[0]
+        assert torch.equal(got, x.grad[lo:hi])
+    h = torch.randn(6, 5, dtype=dtype, requires_grad=True)
+    y, g = torch.relu(h), torch.randn(6, 5, dtype=dtype)
+    y.backward(g)
+    assert torch.equal(get_op("relu_grad").kernel([g, y.detach()], {})[0], h.grad)
