@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ import pytest
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
-TOKEN = "sbplab-browser-test"
+TOKEN = secrets.token_urlsafe(24)  # the test's JupyterLab (loopback only) takes a fresh token per run
 SCREENSHOT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "browser"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
