@@ -17,6 +17,8 @@ region; a reduce-scatter over dim 0 then leaves region ``me`` on rank ``me``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ..layout import numel
@@ -57,11 +59,27 @@ pack_bucket.moved_bytes = _pack_moved  # type: ignore[attr-defined]
 
 
 def unpack_bucket(xs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
-    """Each gradient of the bucket as a view of the reduced buffer, in its local shape."""
-    shapes = attrs["shapes"]
-    counts = [numel(s) for s in shapes]
-    flat = xs[0].reshape(-1)[: sum(counts)]
-    return tuple(v.view(s) for v, s in zip(torch.split(flat, counts), shapes))
+    """Each gradient of the bucket as a view of the reduced buffer, in its local shape: one
+    ``as_strided`` per gradient (half the time of a split and a view each; this runs every step)."""
+    flat = xs[0].reshape(-1)
+    if flat.stride(0) != 1:  # not a plain buffer: made one (a copy), as reshape would have
+        flat = flat.contiguous()
+    at, out = flat.storage_offset(), []
+    for s in attrs["shapes"]:
+        shape, strides = _layout(tuple(s))
+        out.append(flat.as_strided(shape, strides, at))
+        at += numel(shape)
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _layout(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``shape`` and its contiguous strides."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return shape, tuple(reversed(strides))
 
 
 unpack_bucket.moved_bytes = lambda in_bytes, attrs: 0  # type: ignore[attr-defined]  # views: nothing moves
