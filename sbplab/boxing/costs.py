@@ -164,9 +164,10 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis
     seen: dict[tuple, tuple[int, int, int]] = {}  # (piece, place on ``axis``): even splits leave few distinct
     for coord in itertools.product(*(sorted(set(s)) for s in spans)):
         key = (tuple(_piece_extents(shape, mesh_shape, splits, coord)), coord[axis])
-        got = per[coord] = seen.get(key)
+        got = seen.get(key)
         if got is None:
-            per[coord] = seen[key] = kind.rank_elements(key[0], old, new, p, coord[axis])
+            got = seen[key] = kind.rank_elements(key[0], old, new, p, coord[axis])
+        per[coord] = got
     every = [per[c] for c in itertools.product(*spans)]
     sent = tuple(x[0] * itemsize for x in every)
     return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)

@@ -53,7 +53,6 @@ class BoxTable:
         self._times: dict[tuple[NdSbp, NdSbp], float] = {}
         self._latencies: dict[tuple[NdSbp, NdSbp], float] = {}
         self._routes: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, Route]] = {}  # (source, reduce ops)
-        self._seconds: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, float]] = {}
         self._graphs: dict[tuple[str, ...], StateGraph] = {}  # held: the planner's cache is bounded
         self._rows: dict[tuple[NdSbp, tuple[str, ...]], dict[NdSbp, float]] = {}  # (source, reduce ops)
 
@@ -86,22 +85,16 @@ class BoxTable:
         row = self._rows.get((src, ops))
         if row is None:
             row = {}
-            if state_ok(self.shape, self.mesh_shape, src):
-                row = self._seconds_from(src, ops)
+            if state_ok(self.shape, self.mesh_shape, src):  # the planner's Dijkstra, not stopping at one target
+                g = self._graphs.get(ops)
+                if g is None:
+                    g = self._graphs[ops] = state_graph(self.shape, self.mesh_shape, self.itemsize, self.hw, ops)
+                row = seconds_from(g, src)
                 local = [dst for dst in local_targets(src, len(self.shape)) if row.get(dst, 0.0) != 0.0]
-                if local:  # counted free, as ``time`` does: a copy, the route search's own answers stay
-                    row = {**row, **dict.fromkeys(local, 0.0)}
+                if local:  # counted free, as ``time`` does
+                    row.update(dict.fromkeys(local, 0.0))
             self._rows[(src, ops)] = row
         return row
-
-    def _seconds_from(self, src: NdSbp, ops: tuple[str, ...]) -> dict[NdSbp, float]:
-        secs = self._seconds.get((src, ops))
-        if secs is None:  # the planner's Dijkstra from ``src``, not stopping at one target
-            g = self._graphs.get(ops)
-            if g is None:
-                g = self._graphs[ops] = state_graph(self.shape, self.mesh_shape, self.itemsize, self.hw, ops)
-            secs = self._seconds[(src, ops)] = seconds_from(g, src)
-        return secs
 
     def bucketable_latency(self, src: NdSbp, dst: NdSbp) -> float:
         """The latency part (alpha x rounds) of the steps of ``time(src, dst)``'s route whose kind can run
