@@ -32,7 +32,7 @@ from sbplab.runtime import (
 from sbplab.runtime.actor_plan import channel_of, match_key
 from sbplab.runtime.examples import data_parallel_linear, pipeline_mlp
 from sbplab.runtime.firing import FiringGraph
-from sbplab.runtime.results import cut_feeds
+from sbplab.runtime.results import cut_feeds, stack_values, unstack_values
 from sbplab.runtime.schedule import derive_comm_order
 from sbplab.runtime.trace import _pack_rows
 
@@ -334,3 +334,16 @@ def test_any_pipeline_shape_gets_an_order_that_completes_under_random_timing(sta
     rng = random.Random(stages * 100 + micro * 10 + registers)
     for _ in range(3):  # the order was derived under unit costs; it must hold under any timing
         _replay(plan, rng)
+
+
+def test_sink_values_travel_stacked_when_they_can_and_come_back_one_per_firing():
+    losses = [torch.tensor(float(k)) / 3 for k in range(5)]
+    packed = stack_values(losses)
+    assert isinstance(packed, torch.Tensor) and packed.shape == (5,)
+    back = unstack_values(packed)
+    assert len(back) == 5 and all(torch.equal(a, b) and a.shape == () for a, b in zip(back, losses))
+    uneven = [torch.ones(3), torch.ones(2)]  # uneven micro-batches: shapes differ, sent as they are
+    assert stack_values(uneven) is uneven and unstack_values(uneven) is uneven
+    mixed = [torch.ones(2), torch.ones(2, dtype=torch.float64)]
+    assert stack_values(mixed) is mixed
+    assert stack_values(losses[:1]) == losses[:1]

@@ -94,6 +94,7 @@ class FusedB(Behaviour):
         self.parts = [ComputeB(p, micro, steps, device, views if k == n - 1 else None)
                       for k, p in enumerate(actor.parts)]
         self.wiring = actor.wiring
+        self.exposed = actor.exposed
         self.marks: list | None = None
         self.clock: Callable[[], Any] = time.perf_counter_ns
         self.at = 0
@@ -112,7 +113,7 @@ class FusedB(Behaviour):
             got.append(part.fire(k, [inputs[j] if src < 0 else got[src][j] for src, j in wires]))
         if marks is not None:
             marks.append(self.clock())
-        return got[-1]
+        return tuple(got[n][j] for n, j in self.exposed) if self.exposed else got[-1]
 
 
 class SourceB(Behaviour):

@@ -29,6 +29,7 @@ from .comm import Comm
 from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph
 from .fusion import fuse_chains
 from .lanes import CommFailure, CommLane, Streams
+from .results import stack_values
 from .specs import Accumulate, Collective, Recv, Sink, State
 
 COMPUTE, COMM = 0, 1
@@ -348,7 +349,7 @@ class Executor:
         sinks, params = {}, {}
         for a, b in zip(self.actors, self.behaviours):
             if isinstance(a, Sink):
-                sinks[a.name] = b.values  # type: ignore[union-attr]
+                sinks[a.name] = stack_values(b.values)  # type: ignore[union-attr]
             elif isinstance(a, State) and self.spec.want_params and a.key:
                 params[a.name] = b.value.detach().to("cpu", copy=True)  # type: ignore[union-attr]
         return {"sinks": sinks, "params": params, "trace": self.trace}
