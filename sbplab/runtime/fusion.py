@@ -145,20 +145,20 @@ def fuse_chains(actors: Sequence[Actor]) -> tuple[list[Actor], list[list[int]]]:
         if len(chain) > 1 and not any(i in gang_of for i in chain):
             for i in chain:
                 chain_of[i] = chain
-    renamed: dict[str, Ref] = {}  # an update's output -> the gang output that now carries it
+    renamed: dict[Ref, Ref] = {}  # an update's output -> the gang output that now carries it
     fused: dict[int, Fused] = {}
     for h, gang in gang_of.items():
         if gang[0] == h:
             fused[h] = _fuse([actors[k] for k in gang], gang=True)  # type: ignore[misc]
             for n, (part, j) in enumerate(fused[h].exposed):
-                renamed[f"{actors[gang[part]].name}[{j}]"] = Ref(actors[h].name, n)
+                renamed[Ref(actors[gang[part]].name, j)] = Ref(actors[h].name, n)
     out: list[Actor] = []
     origin: list[list[int]] = []
     for i, a in enumerate(actors):
         chain = chain_of.get(i)
         if chain is None:
-            if isinstance(a, State) and a.update is not None and f"{a.update.actor}[{a.update.index}]" in renamed:
-                a = replace(a, update=renamed[f"{a.update.actor}[{a.update.index}]"])
+            if isinstance(a, State) and a.update in renamed:
+                a = replace(a, update=renamed[a.update])
             out.append(a)
             origin.append([i])
         elif chain[0] == i:
