@@ -210,6 +210,34 @@ def test_a_transfer_that_starts_while_every_core_computes_waits_for_one(cores, c
     assert _transfer_ms(simulate(plan, hw, steps=2), "ar") == pytest.approx(want_ms, rel=1e-9)
 
 
+@pytest.mark.parametrize("cores, want_ms", [
+    (None, 4.0),  # quiet all along: 2 ms each, one after the other
+    (2, 5.0),  # the first waits for a core until 3 ms; the second, queued behind it, starts then, quiet
+])
+def test_a_transfer_queued_behind_a_slowed_one_starts_when_the_cores_free(cores, want_ms):
+    """Two all-reduces become possible together while both ranks compute for 3 ms on 2 cores: 2 ms each
+    when quiet, 6 ms when busy. The second waits on its lane for the first; once the cores free at
+    3 ms the first ends, and the second runs quiet from there, instead of after the first's slowed end
+    (which would make the step 8 ms)."""
+    ranks = {}
+    for r in range(2):
+        ranks[r] = [State("w", init=torch.zeros(8), update=Ref("upd")),
+                    Collective("ar1", kind_="all_reduce", group=(0, 1), inputs=("w",), scope="step", registers=1),
+                    Collective("ar2", kind_="all_reduce", group=(0, 1), inputs=("w",), scope="step", registers=1),
+                    Compute("f", op=K + "relu", inputs=("w",), registers=1, scope="step"),
+                    Compute("upd", op=K + "add", inputs=("w", "ar1", "ar2"), scope="step", phase="update",
+                            registers=1)]
+    plan = ActorPlan.build(2, ranks, name="two-reduces-beside-compute")
+    times = {op_key(K + "relu", [(8,)], torch.float32, "cpu"): 3 * MS}
+    fit = sl.hardware.CommFit("all_reduce", 0, 2, alpha=1 * MS, bandwidth=1e30, busy_alpha=3 * MS)
+    hw = exact_hw(times, cores=cores).with_measurements(origin="test", comm_fits=[fit])
+    if cores is None:
+        hw = dataclasses.replace(hw, cores=None)
+    pred = simulate(plan, hw, steps=3)
+    assert pred.step_time == pytest.approx(want_ms * MS, rel=1e-9)
+    assert _transfer_ms(pred, "ar2") == pytest.approx(2.0, rel=1e-9)  # it ran at its quiet speed
+
+
 def test_ranks_alike_are_simulated_once_with_the_same_result():
     w0 = torch.randn(8, 4)
     plan = data_parallel_linear(4, w0, lr=0.1, batch=16, micro_batches=2)

@@ -17,7 +17,8 @@ the same cost twice). What computing ranks do cost a transfer is the wait for a 
 of it needs the backend's threads to run, and the kernel's scheduler lets a woken thread wait up to
 a tick while every core computes. So a transfer that starts while every core computes takes its
 ``busy_extra`` longer (measured that way), unless a core comes free first: then it ends at its
-quiet time, or at once if that has passed.
+quiet time, or at once if that has passed, and the transfers queued behind it on a comm lane move up
+with it (they start when their lanes are free and run at their quiet time).
 
 Events happening at one instant are all applied before any rank decides what to start, so the
 order of simultaneous completions does not change the schedule. Each firing records the firing
@@ -139,8 +140,11 @@ class Engine:
         needs, waiters = self.needs, self.waiters
         posted_at: dict[tuple[int, int, int], int] = {}  # (rep, actor, firing) -> firing id, while unmatched
         possible: list[tuple[tuple[int, int], int]] = []  # communication all of whose members posted, this instant
-        waiting: list[tuple[float, list[int]]] = []  # transfers slowed by busy cores: (quiet end, member firings)
-        due: dict[int, float] = {}  # their firings' current ends (earlier after ``release``; -1: over)
+        # transfers not yet over while cores can be busy, in the order they were scheduled:
+        # [ready, quiet seconds, {rank: firing}, start, end]; one slowed by busy cores sets ``slowed``
+        pending: list[list] = []
+        slowed = False
+        due: dict[int, float] = {}  # the current ends of transfers ``release`` moved (-1: over)
         count: dict[tuple[int, int, int], int] = {}
         # registers: per (rank, node) the ids of outputs still alive, in order; released counters seen
         seen_rel = {r: [0] * len(g.nodes) for r, g in graphs.items()}
@@ -179,7 +183,7 @@ class Engine:
             transfer begins when every member's lane is free. Taking them in the order of their first
             post, not of which rank's post came last, makes the schedule independent of the order ranks
             are visited in (ranks alike, simulated once, then fire exactly as when all are simulated)."""
-            nonlocal seq
+            nonlocal seq, slowed
             transfers: dict[tuple, list[tuple[int, int]]] = {}
             for w, k in possible:
                 transfers.setdefault((needs[w], k), []).append(w)
@@ -198,7 +202,7 @@ class Engine:
                         dur = work[q[0]][q[1]]
                     if full and extra[q[0]][q[1]] > slow:
                         slow = extra[q[0]][q[1]]
-                end, members = start + dur + slow, []
+                end, members = start + dur + slow, {}
                 for w in transfers[(parts, k)]:
                     f = posted_at.pop((w[0], w[1], k))
                     o_xfer[f], o_cause[f] = start, cause
@@ -206,27 +210,41 @@ class Engine:
                         lane_free[w[0]], lane_last[w[0]] = end, f
                     seq += 1
                     heapq.heappush(events, (end, seq, f))
-                    if slow:
-                        due[f] = end
-                        members.append(f)
-                if slow:
-                    waiting.append((start + dur, members))
+                    if extra is not None:
+                        members[w[0]] = f
+                if extra is not None:
+                    if len(pending) > 256:  # drop the ones over (no core came free meanwhile)
+                        pending[:] = [tr for tr in pending if tr[4] > now]
+                    pending.append([now, dur, members, start, end])
+                    slowed = slowed or bool(slow)
 
         def release() -> None:
-            """A core came free: the transfers that waited for one end at their quiet time, or now."""
-            nonlocal seq
-            for quiet_end, members in waiting:
-                end = max(now, quiet_end)
-                for f in members:
-                    if due[f] <= end:  # over already (-1), or ending by then anyway
-                        continue
-                    due[f] = end
-                    r = out_rank[f]
-                    if lane_last[r] == f:
-                        lane_free[r] = end
-                    seq += 1
-                    heapq.heappush(events, (end, seq, f))
-            waiting.clear()
+            """A core came free: the transfers that waited for one end at their quiet time, or now, and
+            those queued behind them on a comm lane start when the lane is free now, not at the end the
+            slowed transfer would have had. (Left alone, each queued transfer would start after its
+            predecessor's slowed end: the slowdowns of a lane would add up long after the cores freed.)"""
+            nonlocal seq, slowed
+            lane_end: dict[int, tuple[float, int]] = {}  # rank -> (end, firing) of its latest transfer so far
+            for tr in pending:
+                ready, dur, members, start, end = tr
+                if end <= now:
+                    continue
+                if start > now:  # queued behind another transfer: it starts when its lanes are free
+                    start = max([now] + [lane_end[q][0] for q in members if q in lane_end])
+                new_end = max(now, start + dur)
+                if new_end < end:
+                    tr[3], tr[4] = start, new_end
+                    for f in members.values():
+                        due[f], o_xfer[f] = new_end, start
+                        seq += 1
+                        heapq.heappush(events, (new_end, seq, f))
+                for q, f in members.items():
+                    lane_end[q] = (tr[4], f)
+            for q, (end, f) in lane_end.items():
+                if lane_last[q] == f:
+                    lane_free[q] = end
+            pending[:] = [tr for tr in pending if tr[4] > now]
+            slowed = False
 
         def schedule(r: int) -> None:
             nonlocal seq, busy_count, rate
@@ -290,7 +308,7 @@ class Engine:
         for r in self.reps:
             schedule(r)
         start_all()
-        if waiting and busy_count < cores:
+        if slowed and busy_count < cores:
             release()
         while events or vevents:
             t_real = events[0][0] if events else INF
@@ -313,7 +331,7 @@ class Engine:
             for r in sorted(dirty):
                 schedule(r)
             start_all()
-            if waiting and busy_count < cores:
+            if slowed and busy_count < cores:
                 release()
         stuck = [r for r, g in graphs.items() if not g.finished()]
         if stuck:
