@@ -1,13 +1,15 @@
 """How well the simulator predicts real runs: model zoo x strategies on 2 and 4 Gloo ranks.
 
-    .venv/bin/python benchmarks/bench_simulator.py [--steps 5] [--models mlp,gpt,cnn,wide_deep]
+    .venv/bin/python benchmarks/bench_simulator.py [--steps 30] [--models mlp,gpt,cnn,wide_deep]
 
-Calibrates the machine first (``cluster.calibrate(steps)``: links, firing overhead, and every compute
-op the compiled steps run, cached on disk), then for every (model, strategy): compile, predict (``sl.simulate``), run for
-real, and print predicted vs measured step time (median of the steps after the first) with the
-error, and the predicted peak memory per rank next to the compiler's static memory report (the
-runtime does not measure memory). At the end: median and max absolute error, and Kendall's tau
-between predicted and measured step times per model (does the simulator rank strategies right?).
+Calibrates the machine first (``cluster.calibrate(steps)``: links, firing overhead, and every
+compute op the compiled steps run, cached on disk), then for every (model, strategy): compile,
+predict (``sl.simulate``), run for real, and print predicted vs measured step time (median of the
+steps after the first) with the error (the simulator predicts the steady state; with a handful of
+steps the median still counts the slower first steps of fresh workers, so the default runs 30), and
+the predicted peak memory per rank next to the compiler's static memory report (the runtime does not
+measure memory). At the end: median and max absolute error, and Kendall's tau between predicted and
+measured step times per model (does the simulator rank strategies right?).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ CONFIGS = [
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--models", default="mlp,gpt,cnn,wide_deep", help="comma-separated subset")
     args = ap.parse_args()
     wanted = set(args.models.split(","))
