@@ -102,7 +102,7 @@ class Pricer:
                 self.backward_of.setdefault(op.forward_op, []).append(op)
         self._edges: dict[tuple, np.ndarray] = {}
         self.local_bytes = lru_cache(maxsize=None)(self._local_bytes)  # type: ignore[method-assign]
-        self.param_costs = lru_cache(maxsize=None)(self._param_costs)  # type: ignore[method-assign]
+        self._params: dict[tuple, tuple[float, float, int]] = {}
 
     # --- layouts -------------------------------------------------------------------------------
     def _local_bytes(self, meta: TensorMeta, sbp: NdSbp) -> int:
@@ -239,13 +239,23 @@ class Pricer:
         lat = self.boxes.bucketable_latency(meta, src, dst)
         return t - lat + lat * min(1.0, self.local_bytes(meta, src) / self.bucket_bytes)
 
-    def _param_costs(self, meta: TensorMeta, sig: NdSignature, k: int, zero: int,
+    def param_costs(self, meta: TensorMeta, sig: NdSignature, k: int, zero: int,
                     n_states: int) -> tuple[float, float, int]:
         """(seconds per micro-batch: ZeRO-3 gathers; seconds per step: gradient sync, write-back and
-        update; bytes per device: parameter, gradient and optimizer state) of input ``k``, a parameter."""
-        lay = self.param_layout(meta, sig.inputs[k], zero)
+        update; bytes per device: parameter, gradient and optimizer state) of input ``k``, a parameter.
+        They depend on the signature only through the parameter's read layout and its gradient's, which
+        many signatures of an op share: kept per those."""
+        key = (meta, sig.inputs[k], dual(sig, k), zero, n_states)
+        got = self._params.get(key)
+        if got is None:
+            got = self._params[key] = self._param_costs(*key)
+        return got
+
+    def _param_costs(self, meta: TensorMeta, read: NdSbp, grad: NdSbp, zero: int,
+                     n_states: int) -> tuple[float, float, int]:
+        lay = self.param_layout(meta, read, zero)
         gather = 2 * self.box_time(meta, lay.stored, lay.read)  # forward and backward each gather (ZeRO-3)
-        sync = self.grad_reduce_time(meta, dual(sig, k), lay.grad)
+        sync = self.grad_reduce_time(meta, grad, lay.grad)
         if lay.grad != lay.stored:  # ZeRO-2: the update runs on shards, the new parameter is gathered back
             sync += self.box_time(meta, lay.grad, lay.stored)
         upd = self.local_bytes(meta, lay.grad)
