@@ -141,7 +141,7 @@ class Engine:
         posted_at: dict[tuple[int, int, int], int] = {}  # (rep, actor, firing) -> firing id, while unmatched
         possible: list[tuple[tuple[int, int], int]] = []  # communication all of whose members posted, this instant
         # transfers not yet over while cores can be busy, in the order they were scheduled:
-        # [ready, quiet seconds, {rank: firing}, start, end]; one slowed by busy cores sets ``slowed``
+        # [quiet seconds, {rank: firing}, start, end]; one slowed by busy cores sets ``slowed``
         pending: list[list] = []
         slowed = False
         due: dict[int, float] = {}  # the current ends of transfers ``release`` moved (-1: over)
@@ -214,8 +214,8 @@ class Engine:
                         members[w[0]] = f
                 if extra is not None:
                     if len(pending) > 256:  # drop the ones over (no core came free meanwhile)
-                        pending[:] = [tr for tr in pending if tr[4] > now]
-                    pending.append([now, dur, members, start, end])
+                        pending[:] = [tr for tr in pending if tr[3] > now]
+                    pending.append([dur, members, start, end])
                     slowed = slowed or bool(slow)
 
         def release() -> None:
@@ -226,24 +226,24 @@ class Engine:
             nonlocal seq, slowed
             lane_end: dict[int, tuple[float, int]] = {}  # rank -> (end, firing) of its latest transfer so far
             for tr in pending:
-                ready, dur, members, start, end = tr
+                dur, members, start, end = tr
                 if end <= now:
                     continue
                 if start > now:  # queued behind another transfer: it starts when its lanes are free
                     start = max([now] + [lane_end[q][0] for q in members if q in lane_end])
                 new_end = max(now, start + dur)
                 if new_end < end:
-                    tr[3], tr[4] = start, new_end
+                    tr[2], tr[3] = start, new_end
                     for f in members.values():
                         due[f], o_xfer[f] = new_end, start
                         seq += 1
                         heapq.heappush(events, (new_end, seq, f))
                 for q, f in members.items():
-                    lane_end[q] = (tr[4], f)
+                    lane_end[q] = (tr[3], f)
             for q, (end, f) in lane_end.items():
                 if lane_last[q] == f:
                     lane_free[q] = end
-            pending[:] = [tr for tr in pending if tr[4] > now]
+            pending[:] = [tr for tr in pending if tr[3] > now]
             slowed = False
 
         def schedule(r: int) -> None:
