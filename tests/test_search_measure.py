@@ -3,6 +3,8 @@ measured one wins; a cluster that cannot serve is refused before any search work
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -64,3 +66,17 @@ def test_a_cluster_that_cannot_measure_is_refused_first(cluster, kwargs, match):
     with pytest.raises(SearchError, match="must be a LocalCluster"):
         search(m, x, loss_fn=torch.nn.functional.cross_entropy, target=y, devices=2, hardware=CPU,
                measure_on="localhost")
+
+
+@pytest.mark.parametrize("devices, cores, warned", [(4, 2, True), (2, 2, False), (4, None, False)])
+def test_a_search_that_trusts_the_simulator_on_oversubscribed_cores_says_so(devices, cores, warned):
+    """Ranks outnumbering the cores are where the simulator is least reliable: without ``measure_on`` the
+    notes say so and name the remedy; with enough cores (or devices of their own) they do not."""
+    m, x, y = _mlp()
+    hw = dataclasses.replace(CPU, cores=cores)
+    res = search(m, x, loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=sl.SGD(lr=0.1),
+                 devices=devices, hardware=hw, pipelines=False, rerank_top=1)
+    said = [n for n in res.notes if "share" in n and "measure_on=cluster" in n]
+    assert bool(said) == warned, res.notes
+    if warned:
+        assert said[0].startswith(f"{devices} CPU ranks share {cores} cores")

@@ -186,6 +186,8 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines else []
     specs = applicable_presets(int(devices), space.batch, pipelines)
     top = max(0, rerank_top) if simulate else 0
+    if top and measure is None and hw.cores is not None and devices > hw.cores:
+        notes.append(_OVERSUBSCRIBED.format(devices=devices, cores=hw.cores))
     finalists = rerank_units(top, len(specs), measure=measure is not None)  # finalists simulated (measured), buckets
     if report.active:  # the whole plan up front, so the bar moves steadily
         report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces) * len(zero_levels)
@@ -228,6 +230,12 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     report.finish(best)
     return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
                         method, clock.elapsed(), notes)
+
+
+_OVERSUBSCRIBED = (
+    "{devices} CPU ranks share {cores} cores: there the simulator's step times are the least reliable (every "
+    "transfer waits for the scheduler, a pipeline's point-to-point messages most), so the re-rank may prefer "
+    "a strategy that runs slower; sl.search(..., measure_on=cluster) runs the finalists and keeps the fastest")
 
 
 def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[str],
