@@ -247,3 +247,17 @@ def test_second_cluster_in_the_same_process_and_close_leaves_nothing(cluster):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert cluster.alive  # the first cluster is untouched
+
+
+@pytest.mark.skipif(not any("libgomp" in line for line in open("/proc/self/maps")), reason="torch without libgomp")
+def test_a_firing_runs_with_the_workers_thread_count_for_openmp_too():
+    """OpenMP keeps its thread count per thread; firings run on the worker's run thread, not the one that set
+    it at start-up. A kernel that goes to OpenMP directly (oneDNN's convolutions) must see the worker's
+    count, not one thread per core of the machine, whose spinning would take the other ranks' cores."""
+    plan = ActorPlan.build(1, {0: [
+        Compute("probe", op="omp_probe:openmp_threads", scope="step"),
+        Sink("s", inputs=("probe",), key="threads", scope="step", placement=Placement("cpu", [0]), sbp="B"),
+    ]})
+    with LocalCluster(1, threads=1) as c:
+        res = c.run(plan, {}, steps=2, progress=False)
+    assert [float(v) for v in res.outputs["threads"]] == [1.0, 1.0]

@@ -102,6 +102,10 @@ class Worker:
 
     def _run_thread(self, spec: RunSpec, box: dict, done: Connection) -> None:
         try:
+            # OpenMP keeps its thread count per thread: the count set at start-up holds for the main thread
+            # only, and a kernel of this one (oneDNN's convolutions) would otherwise start a team as large
+            # as the machine, whose spinning members take the cores the other ranks compute on.
+            torch.set_num_threads(torch.get_num_threads())
             self._run_body(spec, box)
         finally:
             done.send(True)
