@@ -113,13 +113,28 @@ def _cached_block(shape: tuple[int, ...], placement: Placement, nd_sbp: NdSbp, r
 
 def _block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> Block:
     coords = placement.coords(rank)
-    block = [(0, n) for n in shape]
+    block = tuple((0, n) for n in shape)
     for axis, x in enumerate(nd_sbp):
-        if isinstance(x, Split):
-            s, e = block[x.dim]
-            a, b = split_range(e - s, placement.shape[axis], coords[axis])
-            block[x.dim] = (s + a, s + b)
-    return tuple(block)
+        block = _narrow(block, x, placement.shape[axis], coords[axis])
+    return block
+
+
+def _narrow(block: Block, x: SbpParallel, parts: int, index: int) -> Block:
+    """The part of ``block`` that place ``index`` of a mesh axis of ``parts`` places holds under ``x``."""
+    if not isinstance(x, Split):
+        return block
+    s, e = block[x.dim]
+    a, b = split_range(e - s, parts, index)
+    return block[:x.dim] + ((s + a, s + b),) + block[x.dim + 1:]
+
+
+def mesh_blocks(shape: Sequence[int], mesh_shape: Sequence[int], nd_sbp: NdSbp) -> list[Block]:
+    """Every rank's ``local_block`` on a mesh of this shape at once, ranks in row-major order."""
+    every = [tuple((0, n) for n in shape)]
+    for axis, x in enumerate(nd_sbp):
+        p = mesh_shape[axis]
+        every = [_narrow(blk, x, p, c) for blk in every for c in range(p)]
+    return every
 
 
 def local_shape(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> tuple[int, ...]:

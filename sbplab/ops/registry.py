@@ -21,9 +21,9 @@ import torch
 from ..errors import SbplabError
 from ..freeze import freeze
 from ..freeze import freeze as _freeze  # noqa: F401  (the name ops/choose.py and eager/dispatch.py import)
-from ..layout import Block, local_block, numel, partial_ok, split_range
+from ..layout import Block, local_block, mesh_blocks, numel, partial_ok
 from ..placement import Placement
-from ..sbp import B, NdSbp, SbpParallel, Split, fmt_sbp, normalize_split
+from ..sbp import B, NdSbp, SbpParallel, fmt_sbp, normalize_split
 
 
 @dataclass(frozen=True)
@@ -251,19 +251,7 @@ def _rank_blocks(shape: tuple[int, ...], nd: NdSbp, mesh_shape: tuple[int, ...]
     """Per rank of a mesh of this shape (ranks row-major): the block ``local_block`` gives, or None where
     it is empty (as ``_blocks_fit`` rejects it); and the first rank holding an equal block. Every op with
     a tensor of this shape asks again, so it is kept."""
-    every: list[Block] = [tuple((0, n) for n in shape)]
-    for axis, x in enumerate(nd):  # ``layout._block``'s nesting, one mesh axis at a time, ranks row-major
-        p = mesh_shape[axis]
-        if not isinstance(x, Split):
-            every = [blk for blk in every for _ in range(p)]
-            continue
-        d, grown = x.dim, []
-        for blk in every:
-            s, e = blk[d]
-            for c in range(p):
-                a, b = split_range(e - s, p, c)
-                grown.append(blk[:d] + ((s + a, s + b),) + blk[d + 1:])
-        every = grown
+    every = mesh_blocks(shape, mesh_shape, nd)
     empty_ok = numel(shape) == 0
     blocks: list[Block | None] = []
     first: list[int] = []
