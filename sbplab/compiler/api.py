@@ -117,12 +117,18 @@ def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | No
 
 def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None = None,
             target: torch.Tensor | None = None, optimizer: Any = None, strategy: Strategy | None = None,
-            hardware: Hardware | None = None) -> Compiled:
+            hardware: Hardware | None = None, capture: str = "auto") -> Compiled:
     """Trace ``module`` and compile its training step under ``strategy``.
 
     ``example_inputs`` and ``target`` are one full batch; with M micro-batches the module is traced
     on the first 1/M of it, so the batch size must divide by M. The step then takes batches of
-    exactly this size (``step.feeds`` checks them).
+    exactly this size (``step.feeds`` checks them). ``example_inputs`` may be a dict of keyword
+    inputs, and ``loss_fn`` None when the model computes its own loss (a transformers model given
+    ``labels``): ``sl.compile(model, {"input_ids": x, "labels": x})``.
+
+    capture: "aten" (torch.export + torch's autograd, any model), "fx" (sbplab's own op library and
+        gradient rules), "auto" (fx where it maps the whole model, else aten); see
+        ``trace_training_graph``.
     """
     if not isinstance(module, torch.nn.Module):
         raise InputTypeError(f"sl.compile needs a torch.nn.Module (for a hand-built graph use sl.compile_graph), "
@@ -131,5 +137,6 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
         raise InputTypeError(f"sl.compile: strategy must be an sl.Strategy (sl.presets.data_parallel(2), ...), got "
                              f"{type(strategy).__name__}")
     strategy = strategy or Strategy(as_mesh(1), name="single device")
-    g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer)
+    g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer,
+                             capture=capture)
     return compile_training_graph(g, strategy, hardware)

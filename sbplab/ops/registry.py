@@ -149,6 +149,13 @@ def get_op(name: str) -> OpDef:
     try:
         return REGISTRY[name]
     except KeyError:
+        if isinstance(name, str) and name.count(".") == 2:  # "aten.mm.default": made from torch.ops on first use
+            from .aten import UnknownAtenOp, make_aten_opdef
+
+            try:
+                return register(make_aten_opdef(name))
+            except UnknownAtenOp:
+                pass
         close = difflib.get_close_matches(str(name), list(REGISTRY), n=3)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise UnknownOpError(

@@ -121,7 +121,14 @@ def add_backward(graph: Graph, micro_batches: int = 1) -> None:
     if micro_batches < 1:
         raise GraphError(f"micro_batches must be >= 1, got {micro_batches}")
     graph.micro_batches = micro_batches
-    grads = differentiate(graph, graph.loss, seed=1.0 / micro_batches)
+    attach_gradients(graph, differentiate(graph, graph.loss, seed=1.0 / micro_batches), micro_batches)
+
+
+def attach_gradients(graph: Graph, grads: dict[str, str], micro_batches: int) -> None:
+    """Name each parameter's gradient ``<param>.grad`` (role ``grad``), summed over micro-batches by
+    ``acc``, and set the step's loss value; ``grads`` maps param -> its gradient for one micro-batch
+    (made by ``differentiate`` or by torch's autograd in an ATen capture)."""
+    graph.micro_batches = micro_batches
     claimed: set[str] = set()
     for p, g in grads.items():
         module = graph.tensors[p].module

@@ -14,7 +14,7 @@ import torch
 
 from ..frontend.from_torch import from_torch
 from ..ir import Graph, GraphError
-from .autodiff import add_backward
+from .autodiff import add_backward, attach_gradients
 from .optim import SGD
 
 
@@ -51,19 +51,65 @@ def training_graph(forward: Graph, micro_batches: int = 1, optimizer: Any = None
     return g
 
 
+CAPTURES = ("auto", "aten", "fx")
+
+
 def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
                          target: torch.Tensor | None, micro_batches: int = 1, optimizer: Any = None,
-                         *, full_batch_graph: Graph | None = None) -> Graph:
+                         *, full_batch_graph: Graph | None = None, capture: str = "auto") -> Graph:
     """Trace ``module`` on the first micro-batch of ``example_inputs``/``target`` (one full batch)
     and build its training graph.
 
+    capture: "fx" traces with torch.fx onto sbplab's own op library and differentiates it with its
+        gradient rules; "aten" captures forward and backward at ATen level with torch.export and
+        torch's autograd (``aten_training_graph``: any model torch.export can trace); "auto" (default)
+        takes "fx" where it maps the whole model and "aten" otherwise (and for keyword inputs).
     full_batch_graph: the module already traced on the whole batch, reused when there is one
         micro-batch (tracing again would give the same graph).
     """
-    xs = as_tensor_tuple(example_inputs)
-    tensors = first_micro_batch([*xs, *([target] if target is not None else [])], micro_batches)
-    if full_batch_graph is not None and micro_batches == 1:
-        forward = full_batch_graph
-    else:
-        forward = from_torch(module, tensors[: len(xs)], loss_fn, tensors[len(xs)] if target is not None else None)
-    return training_graph(forward, micro_batches, optimizer)
+    if capture not in CAPTURES:
+        raise GraphError(f"capture must be one of {CAPTURES}, got {capture!r}")
+    if capture == "aten" or (capture == "auto" and isinstance(example_inputs, dict)):
+        return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer)
+    try:
+        xs = as_tensor_tuple(example_inputs)
+        tensors = first_micro_batch([*xs, *([target] if target is not None else [])], micro_batches)
+        if full_batch_graph is not None and micro_batches == 1:
+            forward = full_batch_graph
+        else:
+            forward = from_torch(module, tensors[: len(xs)], loss_fn,
+                                 tensors[len(xs)] if target is not None else None)
+        return training_graph(forward, micro_batches, optimizer)
+    except Exception as fx_error:
+        if capture == "fx" or isinstance(fx_error, GraphError) and "micro-batch" in str(fx_error):
+            raise
+        try:
+            return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer)
+        except GraphError as e:
+            raise type(e)(f"{e}\n  (torch.fx tracing failed too: {type(fx_error).__name__}: "
+                          f"{str(fx_error).splitlines()[0] if str(fx_error) else ''})") from e
+
+
+def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
+                        target: Any, micro_batches: int = 1, optimizer: Any = None) -> Graph:
+    """The training graph captured at ATen level (``aten_capture``): forward and backward from torch's
+    autograd on the first micro-batch, gradients summed over ``micro_batches``, then ``optimizer``.
+
+    example_inputs: a tensor, a tuple of positional inputs, or a dict of keyword inputs
+        (``{"input_ids": x, "labels": y}`` for a transformers model that computes its own loss).
+    target: what ``loss_fn(output, target)`` takes (a tensor or a tuple of them); None when the model
+        returns its loss.
+    """
+    from ..frontend.aten_capture import capture_aten
+
+    kwargs = dict(example_inputs) if isinstance(example_inputs, dict) else {}
+    args = () if kwargs else as_tensor_tuple(example_inputs)
+    targets = () if target is None else as_tensor_tuple(target)
+    flat = first_micro_batch([*args, *kwargs.values(), *targets], micro_batches)
+    n, k = len(args), len(kwargs)
+    g, grads = capture_aten(module, flat[:n], dict(zip(kwargs, flat[n:n + k])), loss_fn, flat[n + k:])
+    seed = g.op_by_name["loss.seed"]
+    seed.attrs = {**seed.attrs, "value": 1.0 / micro_batches}  # d(mean over micro-batches)/d(loss)
+    attach_gradients(g, grads, micro_batches)
+    (optimizer or SGD()).build(g)
+    return g

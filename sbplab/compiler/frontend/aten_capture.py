@@ -1,0 +1,280 @@
+"""Capture a training step at ATen level with PyTorch's own machinery, as sbplab's logical graph.
+
+``torch.export.export(strict=False)`` traces the user's module (decorators, keyword and defaulted
+arguments, ``**kwargs``, model output objects, modules built inside forward all trace, since it runs
+the real Python) under fake tensors; ``aot_export_joint_with_descriptors`` then gives the joint
+forward + backward graph that torch's autograd derives (the route meta-pytorch/autoparallel takes),
+functionalised (BatchNorm's running statistics become state updates) and described: which input is
+which parameter, buffer or user input, which output is the loss or which parameter's gradient.
+
+Each ATen node becomes one registry op named after its overload (``"aten.addmm.default"``) whose
+attrs keep the rest of the call; SBP rules come from the op's family (``sbplab.ops.aten``). Nodes
+keep the user's module path (forward nodes from ``nn_module_stack``, backward nodes from the
+forward node they differentiate) and source line, so hints, pictures and errors speak in the
+user's names. No activation is ever computed for real here: export runs on fake tensors and
+sbplab infers shapes on meta tensors.
+
+A few ops are decomposed first (torch's own decompositions) because their parts have exact SBP
+rules while the whole does not: a mean over a split batch is a partial sum over a global count,
+and a loss with ``ignore_index`` divides by a count that only the whole batch knows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from ...errors import SbplabError
+from ...gc_pause import without_gc
+from ...ops.aten.calls import DeviceSlot, Slot
+from ...ops.aten.rules import has_rule
+from ..ir import Graph, GraphError
+from .fx_trace import source_of
+
+SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+           "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"}
+ALIASES = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default"}
+
+
+class CaptureError(GraphError):
+    """The model could not be captured; the message names the module, source line and op."""
+
+
+class ReplicatedOpWarning(UserWarning):
+    """An op has no SBP rule: it runs whole (replicated) on every rank."""
+
+
+def _decompositions() -> dict:
+    from torch._decomp import get_decompositions
+
+    a = torch.ops.aten
+    return get_decompositions([
+        a.nll_loss_forward, a.nll_loss_backward, a.nll_loss2d_forward, a.nll_loss2d_backward,
+        a.mean.dim, a.mean.default, a.var_mean.correction, a._native_batch_norm_legit_functional,
+        a._native_batch_norm_legit_no_training, a.native_batch_norm_backward, a.native_group_norm,
+        a.native_group_norm_backward, a.mse_loss, a.mse_loss_backward,
+    ])
+
+
+class _Step(nn.Module):
+    """The user's module and loss as one module whose output is the scalar loss."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable | None, n_args: int, kw_names: tuple[str, ...]):
+        super().__init__()
+        self.m, self.loss_fn, self.n_args, self.kw_names = model, loss_fn, n_args, kw_names
+
+    def forward(self, *flat):
+        args, kw = flat[: self.n_args], dict(zip(self.kw_names, flat[self.n_args: self.n_args + len(self.kw_names)]))
+        out = self.m(*args, **kw)
+        if self.loss_fn is not None:
+            return self.loss_fn(out, *flat[self.n_args + len(self.kw_names):])
+        return _loss_of(out)
+
+
+def _loss_of(out: Any) -> torch.Tensor:
+    """The loss a model returns: a scalar tensor, ``out.loss`` (transformers), or ``out["loss"]``."""
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        loss = out[0]
+    if not isinstance(loss, torch.Tensor):
+        raise CaptureError(f"the model returned {type(out).__name__} with no loss: pass loss_fn=..., or call it "
+                           f"so it computes its own loss (a transformers model with labels=...)")
+    return loss
+
+
+def _input_names(model: nn.Module, n_args: int) -> list[str]:
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[k] if k < len(params) else f"input{k}" for k in range(n_args)]
+
+
+def _module_of(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = path.split(".", 1)[1] if path.startswith("m.") else ("" if path == "m" else path)
+    return path
+
+
+def _op_name(target: Any) -> str:
+    return f"{target.namespace}.{target._opname}.{target._overloadname}"
+
+
+@without_gc
+def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor], loss_fn: Callable | None = None,
+                 targets: tuple[torch.Tensor, ...] = ()) -> tuple[Graph, dict[str, str]]:
+    """The joint graph of ``loss_fn(model(*args, **kwargs), *targets)`` (or the model's own loss) as
+    a ``Graph`` with forward and backward ops; returns it and param -> gradient (one micro-batch).
+
+    The loss's gradient seed is a ``fill`` op of value 1 (``aten_training_graph`` scales it for
+    micro-batches)."""
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    step = _Step(model, loss_fn, len(args), tuple(kwargs))
+    flat = (*args, *kwargs.values(), *targets)
+    names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
+    try:
+        ep = torch.export.export(step, flat, strict=False)
+        with contextlib.ExitStack() as stack:
+            joint = aot_export_joint_with_descriptors(stack, ep.module(), flat, decompositions=_decompositions())
+    except SbplabError:
+        raise
+    except Exception as e:  # noqa: BLE001  (torch's own tracing errors, reworded with what to do)
+        raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}\n  Data-dependent Python control "
+                           f"flow (an `if` on a tensor's value) cannot be captured; rewrite it with torch.where or "
+                           f"torch.cond, or compile the module without it.") from e
+    return _to_graph(joint.graph_module, model, names, flat)
+
+
+def _to_graph(gm: fx.GraphModule, model: nn.Module, input_names: list[str], flat: tuple) -> tuple[Graph, dict]:
+    g = Graph()
+    # tied weights (GPT-2's lm_head and wte) are one tensor with several names: one graph param
+    canonical: dict[int, str] = {}
+    by_name: dict[str, torch.Tensor] = {}
+    for fqn, p in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        by_name[fqn] = p
+        canonical.setdefault(id(p), fqn)
+    env: dict[fx.Node, Any] = {}  # fx node -> graph tensor name, or a tuple of names for multi-output ops
+    params_of: dict[str, str] = {}  # captured param name -> graph param
+    seq_op: dict[int, str] = {}  # autograd seq_nr -> the forward op it belongs to
+    replicated: dict[str, set[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = _placeholder(g, node, canonical, by_name, input_names, flat, params_of)
+        elif node.op == "get_attr":  # a constant tensor the model made (lifted by export)
+            value = getattr(gm, node.target)
+            env[node] = g.add_tensor(g.fresh_name(f"const.{node.target}"), tuple(value.shape), "const", value.dtype,
+                                     value=value.detach().clone()).name
+        elif node.op == "call_function":
+            _call(g, node, env, seq_op, replicated)
+        elif node.op == "output":
+            grads = _outputs(g, node, env, params_of)
+    if replicated:
+        warnings.warn("ops with no SBP rule run replicated (whole on every rank): " + "; ".join(
+            f"{op} in {', '.join(sorted(m or '<top>' for m in mods)[:3])}" for op, mods in sorted(replicated.items()))
+            + ". Add a rule with sl.register_rule(op, signatures).", ReplicatedOpWarning, stacklevel=3)
+    g.validate()
+    return g, grads
+
+
+def _placeholder(g: Graph, node: fx.Node, canonical: dict, by_name: dict, input_names: list[str], flat: tuple,
+                 params_of: dict[str, str]) -> str | None:
+    desc = node.meta.get("desc")
+    kind = type(desc).__name__
+    val = node.meta.get("val")
+    if kind in ("ParamAOTInput", "BufferAOTInput"):
+        fqn = desc.target[2:] if desc.target.startswith("m.") else desc.target
+        t = by_name.get(fqn)
+        if t is None:
+            raise CaptureError(f"captured {kind[:-8].lower()} {fqn!r} is not a parameter or buffer of the model")
+        name = canonical[id(t)]
+        params_of[fqn] = name
+        if name not in g.tensors:
+            role = "param" if kind == "ParamAOTInput" else "state"
+            g.add_tensor(name, tuple(t.shape), role, t.dtype, value=t.detach().clone(), module=name.rpartition(".")[0])
+        return name
+    if kind == "PlainAOTInput":
+        x = flat[desc.idx]
+        name = input_names[desc.idx]
+        if x.requires_grad:
+            x = x.detach()
+        g.add_tensor(name, tuple(x.shape), "input", x.dtype)
+        return name
+    if kind == "TangentAOTInput":
+        return g.add_op("fill", [], {"shape": tuple(val.shape), "value": 1.0, "dtype": val.dtype},
+                        phase="backward", name="loss.seed").outputs[0]
+    raise CaptureError(f"unexpected captured input {node.name} ({desc!r})")
+
+
+def _template(v: Any, env: dict, inputs: list[str]) -> Any:
+    if isinstance(v, fx.Node):
+        name = env[v]
+        if name is None:
+            return None
+        inputs.append(name)
+        return Slot(len(inputs) - 1)
+    if isinstance(v, (list, tuple)):
+        return tuple(_template(x, env, inputs) for x in v)
+    if isinstance(v, torch.device):
+        return DeviceSlot()
+    return v
+
+
+def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated: dict[str, set[str]]) -> None:
+    import operator
+
+    if node.target is operator.getitem:
+        src, k = node.args
+        env[node] = env[src][k]
+        return
+    if not isinstance(node.target, torch._ops.OpOverload):
+        raise CaptureError(f"captured node {node.name} calls {node.target!r}, which is not an ATen op"
+                           f" (at {source_of(node) or 'an unknown line'})")
+    name = _op_name(node.target)
+    if name in SKIPPED:
+        env[node] = None
+        return
+    if name in ALIASES:
+        env[node] = env[node.args[0]]
+        return
+    inputs: list[str] = []
+    attrs = {"args": _template(tuple(node.args), env, inputs),
+             "kwargs": tuple((k, _template(v, env, inputs)) for k, v in node.kwargs.items())}
+    backward = node.meta.get("partitioner_tag") == "is_backward"
+    module = _module_of(node)
+    seq = node.meta.get("seq_nr")
+    base = f"{module}.{node.target._opname}" if module else node.target._opname
+    try:
+        op = g.add_op(name, inputs, attrs, name=base, phase="backward" if backward else "forward", module=module,
+                      source=source_of(node), forward_op=seq_op.get(seq) if backward else None)
+    except SbplabError as e:
+        raise CaptureError(f"{name} in module {module or '<top>'} (at {source_of(node) or 'an unknown line'}): {e}") from e
+    if not backward and seq is not None:
+        seq_op[seq] = op.name
+    if not has_rule(name):
+        replicated.setdefault(name, set()).add(module)
+    val = node.meta.get("val")
+    env[node] = tuple(op.outputs) if isinstance(val, (tuple, list)) else op.outputs[0]
+
+
+def _outputs(g: Graph, node: fx.Node, env: dict, params_of: dict[str, str]) -> dict[str, str]:
+    grads: dict[str, str] = {}
+    for v, desc in zip(node.args[0], node.meta.get("desc", ())):
+        kind = type(desc).__name__
+        name = env.get(v) if isinstance(v, fx.Node) else None
+        if kind == "PlainAOTOutput" and desc.idx == 0:
+            g.loss = name
+        elif kind == "GradAOTOutput" and name is not None:
+            fqn = desc.grad_of.target
+            param = params_of[fqn[2:] if fqn.startswith("m.") else fqn]
+            if param in grads:  # a tied weight: its gradients from every use add up
+                name = g.add_op("aten.add.Tensor", [grads[param], name],
+                                {"args": (Slot(0), Slot(1)), "kwargs": ()}, phase="backward",
+                                module=g.tensors[param].module).outputs[0]
+            grads[param] = name
+        elif kind == "InputMutationAOTOutput" and name is not None:
+            target = getattr(desc.mutated_input, "target", "")  # a buffer (BatchNorm's running statistics)
+            state = params_of.get(target[2:] if target.startswith("m.") else target)
+            if state is None:
+                raise CaptureError(f"the model mutates an input in place ({desc.mutated_input!r}); only buffer "
+                                   f"updates are kept across steps")
+            g.state_updates[state] = name
+    if g.loss is None:
+        raise CaptureError("the captured step has no loss output")
+    return grads

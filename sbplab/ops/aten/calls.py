@@ -1,0 +1,77 @@
+"""Calling an ATen op from a graph node: the op by name, its arguments as a template with tensor slots.
+
+A captured node such as ``aten.addmm.default(bias, x, w, beta=1)`` becomes a registry op named
+``"aten.addmm.default"`` whose inputs are the graph tensors (``bias, x, w``) and whose attrs hold the
+rest of the call as a template: ``args=(Slot(0), Slot(1), Slot(2))``, ``kwargs=(("beta", 1),)``.
+The template is hashable (attrs are frozen) and pickles into an actor plan, so a worker rebuilds the
+call from the op's name alone: no user code travels.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where the ``index``-th tensor input goes in an op's argument template."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """A factory op's ``device=``: the device of the process that runs the kernel (meta when inferring)."""
+
+
+class UnknownAtenOp(KeyError):
+    """The name does not resolve to an operator overload of ``torch.ops``."""
+
+
+@cache
+def overload(name: str) -> torch._ops.OpOverload:
+    """``"aten.mm.default"`` -> ``torch.ops.aten.mm.default``; a library namespace (``transformers``)
+    is imported first, since importing the library is what registers its custom ops."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise UnknownAtenOp(name)
+    ns, op, ov = parts
+    for attempt in range(2):
+        try:
+            return getattr(getattr(getattr(torch.ops, ns), op), ov)
+        except (AttributeError, RuntimeError):
+            if attempt or ns in ("aten", "prims"):
+                break
+            try:
+                importlib.import_module(ns)
+            except ImportError:
+                break
+    raise UnknownAtenOp(name)
+
+
+def fill(template: Any, tensors: list, device: Any) -> Any:
+    """The template with each ``Slot`` replaced by its tensor and ``DeviceSlot`` by ``device``."""
+    if isinstance(template, Slot):
+        return tensors[template.index]
+    if isinstance(template, DeviceSlot):
+        return device
+    if isinstance(template, tuple):
+        return tuple(fill(x, tensors, device) for x in template)
+    return template
+
+
+def call(name: str, attrs: dict, tensors: list, device: Any = None) -> tuple:
+    """Run the op on ``tensors`` with its template; always a tuple of tensors (None outputs kept)."""
+    fn = overload(attrs.get("op", name))  # a rule's localize may swap the overload (arange)
+    args = fill(attrs["args"], tensors, device)
+    kwargs = dict(fill(attrs.get("kwargs", ()), tensors, device))
+    out = fn(*args, **kwargs)
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    return tuple(out)
+

@@ -1,0 +1,91 @@
+"""Network layers: normalisations, attention, embedding, convolution and pooling, forward and backward.
+
+Each splits the dims its math keeps independent: a layer norm's leading (batch, sequence) dims,
+attention's batch and heads, a convolution's batch or output channels, an embedding's lookups or its
+feature dim. The gradient of a replicated weight from split activations comes out partial (P), which
+is what makes data parallel's all-reduce appear by signature rather than by special case.
+"""
+
+from __future__ import annotations
+
+from ..registry import Signature, TensorMeta
+from ._common import B, P, S, arg, sig
+
+
+def layer_norm_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    # native_layer_norm(x, normalized_shape, weight?, bias?) -> (out, mean, rstd)
+    x = ins[0].shape
+    lead = len(x) - len(arg(attrs, 1, "normalized_shape"))
+    return [sig([S(d)] + [B] * (len(ins) - 1), [S(d)] * len(outs)) for d in range(lead) if x[d] > 1]
+
+
+def layer_norm_backward_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    # (grad, x, normalized_shape, mean, rstd, weight?, bias?, mask) -> (gx, gw, gb); mean, rstd: inputs 2, 3
+    x = ins[1].shape
+    lead = len(x) - len(arg(attrs, 2, "normalized_shape"))
+    return [sig([S(d)] * 4 + [B] * (len(ins) - 4), [S(d), P, P][: len(outs)]) for d in range(lead) if x[d] > 1]
+
+
+def attention_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    """SDPA (any backend, forward or backward): batch (0) and heads (1) split on q, k, v, the output
+    and their gradients alike; a mask splits where it has that dim, else stays B. Grouped-query
+    attention (fewer k/v heads) splits heads when both counts split into the same pieces (the
+    registry's local-shape check)."""
+    n = ins[0].shape[0] if ins[0].shape else 1
+
+    def split(m: TensorMeta, d: int) -> object:
+        return S(d) if len(m.shape) >= 3 and m.shape[d] > 1 and (d == 1 or m.shape[0] == n) else B
+
+    return [sig([split(m, d) for m in ins], [split(m, d) for m in outs]) for d in (0, 1) if ins[0].shape[d] > 1]
+
+
+def embedding_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    # embedding(weight (V, C), indices (...)) -> (..., C)
+    idx = ins[1].shape
+    sigs = [sig([B, S(d)], [S(d)]) for d in range(len(idx)) if idx[d] > 1]
+    return sigs + [sig([S(1), B], [S(len(idx))]), sig([P, B], [P])]
+
+
+def embedding_backward_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    # embedding_dense_backward(grad (..., C), indices (...), num_weights, ...) -> (V, C)
+    idx = ins[1].shape
+    sigs = [sig([S(d), S(d)], [P]) for d in range(len(idx)) if idx[d] > 1]
+    return sigs + [sig([S(len(idx)), B], [S(1)]), sig([P, B], [P])]
+
+
+def conv_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    # convolution(x (N, Cin, ...), w (Cout, Cin/g, ...), bias?, stride, padding, dilation, transposed, ...)
+    groups = arg(attrs, 8, "groups", 1)
+    transposed = arg(attrs, 6, "transposed", False)
+    bias = len(ins) == 3
+    sigs = [sig([S(0), B] + [B] * bias, [S(0)])]
+    if groups == 1 and not transposed:
+        sigs += [sig([B, S(0)] + [S(0)] * bias, [S(1)]), sig([S(1), S(1)] + [P] * bias, [P])]
+    return sigs + [sig([P, B] + [P] * bias, [P])]
+
+
+def conv_backward_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    # convolution_backward(grad, x, w, bias_sizes, ..., groups, mask) -> (gx, gw, gb)
+    groups = arg(attrs, 9, "groups", 1)
+    transposed = arg(attrs, 7, "transposed", False)
+    sigs = [sig([S(0), S(0), B], [S(0), P, P])]
+    if groups == 1 and not transposed:
+        sigs.append(sig([S(1), B, S(0)], [P, S(0), S(0)]))
+    return sigs
+
+
+def channels_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    """Pooling and other per-(sample, channel) ops on (N, C, ...): split N or C on every (N, C, ...)
+    input and output alike."""
+    nd = len(ins[0].shape)
+    return [sig([S(d) if len(m.shape) == nd else B for m in ins], [S(d) if len(o.shape) == nd else B for o in outs])
+            for d in (0, 1) if nd >= 3 and ins[0].shape[d] > 1]
+
+
+def gather_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    """gather / scatter (x, dim, index[, src]): split a dim other than ``dim`` where every input has the
+    size x has (then each rank's rows of x, index and src are the same rows)."""
+    x = ins[0].shape
+    dim = arg(attrs, 1, "dim") % len(x)
+    return [sig([S(d)] * len(ins), [S(d)]) for d in range(len(x))
+            if d != dim and x[d] > 1 and all(len(m.shape) == len(x) and m.shape[d] == x[d] for m in ins)]

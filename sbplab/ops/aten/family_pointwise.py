@@ -1,0 +1,63 @@
+"""Pointwise ops with broadcasting: split any output dim; inputs split the dim they broadcast into it.
+
+An input whose dim is 1 (or missing) where the output's is not stays B: every rank needs all of it.
+Linear ops also pass partial sums: ``P + P -> P``, ``P * B -> P``, ``P / B -> P``, ``where(c, P, P)``.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+
+from ._common import B, P, S, Signature, TensorMeta, arg, sig
+
+# how each linear op passes P: "all" inputs P together, "one" P input with the others B (mul),
+# "first" only the first input (div), "values" every input but the first (where's condition stays B)
+LINEAR = {
+    "aten.add.Tensor": "all", "aten.sub.Tensor": "all", "aten.add.Scalar": "all", "aten.sub.Scalar": "all",
+    "aten.neg.default": "all", "aten.clone.default": "all", "aten.alias.default": "all",
+    "aten.detach.default": "all", "aten._to_copy.default": "all", "aten.mul.Tensor": "one",
+    "aten.mul.Scalar": "all", "aten.div.Tensor": "first", "aten.div.Scalar": "first",
+    "aten.where.self": "values", "aten.masked_fill.Scalar": "first",
+}
+
+
+def _adds_nonzero(name: str, attrs: dict) -> bool:
+    """``x + 1`` is not linear in x: each rank would add the 1 again. Only adding 0 passes P."""
+    if name not in ("aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar", "aten.sub.Scalar",
+                    "aten.masked_fill.Scalar"):
+        return False
+    others = [a for a in attrs.get("args", ())[1:] if isinstance(a, Number) and not isinstance(a, bool)]
+    return any(a != 0 for a in others)
+
+
+def pointwise_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    out = outs[0]
+    nd = len(out.shape)
+    sigs = []
+    for d in range(nd):
+        if out.shape[d] <= 1:
+            continue
+        per_in = []
+        for m in ins:
+            k = len(m.shape) - (nd - d)  # the input's dim aligned with output dim d (broadcasting)
+            per_in.append(S(k) if k >= 0 and m.shape[k] == out.shape[d] else B)
+        outs_s = [S(d) if len(o.shape) == nd else B for o in outs]
+        sigs.append(sig(per_in, outs_s))
+    how = LINEAR.get(name)
+    if how is None or _adds_nonzero(name, attrs) or not ins:
+        return sigs
+    n, no = len(ins), len(outs)
+    if how == "all":
+        sigs.append(sig([P] * n, [P] * no))
+    elif how == "one":
+        sigs += [sig([P if j == i else B for j in range(n)], [P] * no) for i in range(n)]
+    elif how == "first":
+        sigs.append(sig([P] + [B] * (n - 1), [P] * no))
+    elif how == "values" and n == 3:
+        sigs.append(sig([B, P, P], [P] * no))
+    return sigs
+
+
+def dropout_note(attrs: dict) -> str:
+    p = arg(attrs, 1, "p", 0.0)
+    return f"p={p}"

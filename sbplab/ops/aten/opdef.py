@@ -1,0 +1,79 @@
+"""One registry ``OpDef`` per ATen op overload, made on first use from its name.
+
+Shapes come from running the op on meta tensors (so no rule restates torch's shape logic), the
+local kernel is the ATen op itself on the shards (with shape arguments localised by the op's rule),
+FLOPs come from ``torch.utils.flop_counter`` on meta tensors, and the SBP signatures from the op's
+family rule (``rules.py``). A worker process resolves ``"aten.mm.default"`` the same way, so plans
+carry only names and argument templates, never user code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+from ...freeze import freeze
+from ..registry import LocalContext, OpDef, TensorMeta
+from .calls import call, overload
+from .rules import Rule, rule_for
+
+EMPTY = TensorMeta((0,), torch.float32)  # an output the op leaves None (a backward's unused gradient)
+
+
+def _meta(m: TensorMeta) -> torch.Tensor:
+    return torch.empty(m.shape, dtype=m.dtype, device="meta")
+
+
+@lru_cache(maxsize=1 << 16)
+def _infer(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> tuple[TensorMeta, ...]:
+    outs = call(name, dict(frozen), [_meta(m) for m in metas], torch.device("meta"))
+    return tuple(EMPTY if o is None else TensorMeta(tuple(o.shape), o.dtype) for o in outs)
+
+
+@lru_cache(maxsize=1 << 14)
+def _flops(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        call(name, dict(frozen), [_meta(m) for m in metas], torch.device("meta"))
+    return int(counter.get_total_flops())
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def make_aten_opdef(name: str) -> OpDef:
+    """The ``OpDef`` of ATen (or library custom op) overload ``name``; raises UnknownAtenOp."""
+    overload(name)
+    rule: Rule = rule_for(name)
+
+    def infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
+        return list(_infer(name, tuple(ins), freeze(attrs)))
+
+    def signatures(ins: Sequence[TensorMeta], attrs: dict):
+        outs = _infer(name, tuple(ins), freeze(attrs))
+        return rule.signatures(list(ins), list(outs), attrs)
+
+    def kernel(xs: Sequence[torch.Tensor], attrs: dict):
+        device = xs[0].device if xs else _default_device()
+        out = call(name, attrs, list(xs), device)
+        return tuple(torch.empty(0, device=device) if o is None else o for o in out)
+
+    def flops(ins: Sequence[TensorMeta], outs: Sequence[TensorMeta], attrs: dict) -> int:
+        try:
+            return _flops(name, tuple(ins), freeze(attrs))
+        except Exception:  # noqa: BLE001  (a custom op without a meta kernel: count nothing)
+            return 0
+
+    def localize(attrs: dict, ctx: LocalContext) -> dict:
+        return rule.localize(attrs, ctx) if rule.localize is not None else attrs
+
+    op = OpDef(name, infer, signatures, kernel, flops=flops, doc=f"{rule.family}: {rule.note}".strip())
+    if rule.localize is not None:
+        op.localize = localize
+    return op
