@@ -36,6 +36,7 @@ model = sl.models.MLP(sl.models.MLPConfig(in_dim=4, width=4, hidden=8, n_blocks=
 step = sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, optimizer=sl.SGD(lr=0.1),
                   strategy=sl.presets.data_parallel(2))
 batch = (inp, target)
+step4 = sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, strategy=sl.presets.data_parallel(4))
 cluster = sl.LocalCluster(2, launch="external", start_timeout=1.0)  # no workers: these errors come first
 closed = sl.LocalCluster(1, launch="external")
 closed.close()
@@ -134,6 +135,14 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("Presets", "ZeRO on a 2-D mesh", "sl.presets.zero((2, 2))", "InputError", ("1-D mesh", "(2, 2)")),
     ("Compiling", "something that is not a module", "sl.compile(3, (inp,))", "InputTypeError",
      ("torch.nn.Module", "int")),
+    ("Optimizers", "a nan learning rate", 'sl.SGD(lr=float("nan"))', "InputError", ("SGD", "lr", "finite", "nan")),
+    ("Optimizers", "an infinite learning rate", 'sl.Adam(lr=float("inf"))', "InputError", ("Adam", "lr", "inf")),
+    ("Optimizers", "an infinite momentum", 'sl.SGD(lr=0.1, momentum=float("inf"))', "InputError",
+     ("momentum", "finite", "inf")),
+    ("Optimizers", "a nan beta", 'sl.Adam(betas=(0.9, float("nan")))', "InputError", ("betas[1]", "nan")),
+    ("Optimizers", "a nan eps", 'sl.Adam(eps=float("nan"))', "InputError", ("eps", "nan")),
+    ("Optimizers", "a learning rate that is text", 'sl.SGD(lr="0.1")', "InputTypeError", ("lr", "number", "'0.1'")),
+    ("Optimizers", "a negative learning rate", "sl.SGD(lr=-0.1)", "InputError", ("lr > 0", "-0.1")),
     ("Clusters", "no workers", "sl.LocalCluster(0)", "InputError", ("at least one", "n=0")),
     ("Clusters", "more workers than one machine spawns", "sl.LocalCluster(10000)", "InputError",
      ("10000", "launch='external'")),
@@ -160,6 +169,28 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("Running a compiled step", "something that is not a step", "cluster.run(step.graph, batch)", "InputTypeError",
      ("ActorPlan or a compiled step", "Graph")),
     ("Running a compiled step", "a closed cluster", "closed.run(step, batch)", "ClusterError", ("closed",)),
+    ("Running a compiled step", "a 4-rank step on a 2-rank cluster", "cluster.run(step4, batch)", "InputError",
+     ("uses 4 ranks", "the cluster has 2", "LocalCluster(4)")),
+    ("Running a compiled step", "restart that is not a bool", 'cluster.run(step, batch, restart="yes")',
+     "InputTypeError", ("restart", "'yes'")),
+    ("Running a compiled step", "load_into of something that is not a module", "sl.runtime.RunResult().load_into(3)",
+     "InputTypeError", ("load_into", "torch.nn.Module", "int")),
+    ("Running a compiled step", "load_into of a run without parameters", "sl.runtime.RunResult().load_into(model)",
+     "InputError", ("no parameters", "params=False")),
+]
+
+# Bad optimizers given to sl.compile. ``as_optimizer`` (compiler/training/optim.py) refuses them with
+# the sbplab optimizer to write instead, but sl.compile does not call it yet: the one line
+# ``(optimizer or SGD()).build(g)`` in ``training_graph`` (compiler/training/training_graph.py) must
+# become ``as_optimizer(optimizer).build(g)``. Until then these raise AttributeError; once it is
+# there, move them into CASES (the xfail below is strict: it fails as soon as they pass).
+OPTIMIZER_CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
+    ("Compiling", "a torch.optim optimizer",
+     "sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, "
+     "optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))",
+     "InputTypeError", ("torch.optim", "sl.SGD(lr=0.1, momentum=0.9)")),
+    ("Compiling", "an optimizer's name", 'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, optimizer="sgd")',
+     "InputTypeError", ("'sgd'", "sl.SGD(lr=")),
 ]
 
 _SANITIZE = [
@@ -202,6 +233,50 @@ def test_each_bad_input_gets_a_clear_sbplab_error(setup_ns, section, what, code,
     msg = str(err)
     for w in words:
         assert w in msg, f"{w!r} not in the message of {code}: {msg}"
+
+
+def _check_refusal(err: BaseException | None, code: str, cls: str, words: tuple[str, ...]) -> None:
+    assert err is not None, f"{code} raised nothing"
+    assert isinstance(err, sl.SbplabError), f"{code} raised {type(err).__name__}: {err}"
+    assert type(err).__name__ == cls, f"{code} raised {type(err).__name__}, expected {cls}: {err}"
+    for w in words:
+        assert w in str(err), f"{w!r} not in the message of {code}: {err}"
+
+
+def test_as_optimizer_refuses_torch_optimizers_and_names_naming_the_sbplab_one():
+    from sbplab.compiler.training.optim import as_optimizer
+
+    lin = torch.nn.Linear(2, 2)
+    refused = [
+        (torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9), ("torch.optim", "sl.SGD(lr=0.1, momentum=0.9)")),
+        (torch.optim.Adam(lin.parameters(), lr=3e-4), ("torch.optim", "sl.Adam(lr=0.0003)")),
+        (torch.optim.AdamW(lin.parameters(), lr=1e-3, weight_decay=0.1), ("sl.AdamW(lr=0.001, weight_decay=0.1)",)),
+        (torch.optim.RMSprop(lin.parameters()), ("RMSprop", "sl.SGD(lr=...) or sl.Adam(lr=...)")),
+        (torch.optim.SGD, ("torch.optim.SGD", "class", "sl.SGD(lr=...)")),
+        ("sgd", ("'sgd'", "sl.SGD(lr=0.01)")),
+        ("Adam", ("'Adam'", "sl.Adam(lr=0.001)")),
+        ("rmsprop", ("'rmsprop'", "sl.SGD(lr=...), sl.Adam(lr=...)")),
+        (0.1, ("sbplab optimizer", "float")),
+    ]
+    for bad, words in refused:
+        try:
+            as_optimizer(bad)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            _check_refusal(e, repr(bad), "InputTypeError", words)
+        else:
+            raise AssertionError(f"as_optimizer({bad!r}) accepted it")
+    sgd = sl.SGD(lr=0.1)
+    assert as_optimizer(sgd) is sgd and as_optimizer(None) == sl.SGD()
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="sl.compile does not call as_optimizer yet (training_graph.py, not this file's owner)")
+@pytest.mark.parametrize("section, what, code, cls, words", OPTIMIZER_CASES, ids=[c[1] for c in OPTIMIZER_CASES])
+def test_compile_refuses_an_optimizer_that_is_not_sbplabs(setup_ns, section, what, code, cls, words):
+    err = run_case(code, setup_ns)
+    if isinstance(err, AttributeError):
+        raise err
+    _check_refusal(err, code, cls, words)
 
 
 def _builtin_base(cls: type) -> str:

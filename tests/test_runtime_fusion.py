@@ -124,7 +124,8 @@ def test_a_fused_run_equals_the_unfused_one_bit_for_bit_and_traces_every_part(cl
     if preset == "dp":  # the bucket's unpack and every parameter's update: one gang per rank
         gangs = [a for r in plan.ranks.values() for a in fuse_chains(r.actors)[0] if getattr(a, "exposed", ())]
         assert len(gangs) == 2 and all(len(g.parts) == 1 + len(g.exposed) for g in gangs)
-    runs = {fuse: cluster.run(step, (x, y), steps=3, progress=False, fuse=fuse) for fuse in (True, False)}
+    runs = {fuse: cluster.run(step, (x, y), steps=3, progress=False, fuse=fuse, restart=True)  # both from the start
+            for fuse in (True, False)}
     fused, plain = runs[True], runs[False]
     assert fused.losses == plain.losses
     assert all(torch.equal(fused.params[k].full(), plain.params[k].full()) for k in plain.params)

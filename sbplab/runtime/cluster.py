@@ -2,6 +2,8 @@
 
     with sl.LocalCluster(4) as cluster:           # 4 Gloo ranks on this machine
         result = cluster.run(step, (x, y), steps=3)  # a compiled step, or an ActorPlan and its batches
+        more = cluster.run(step, (x, y), steps=3)    # steps 4..6: a compiled step's state stays here
+        result.load_into(model)                      # the trained weights back into the torch module
 
 Trust: driver and workers exchange pickles, so whoever can talk to the driver's port with the token
 can run code in the driver and in every worker. So every cluster has a random token (32 bytes from
@@ -31,6 +33,7 @@ from ..errors import ClusterError, InputError, InputTypeError
 from .accept import Acceptor, listen_socket
 from .activity import ActivityBoard
 from .actor_plan import ActorPlan
+from .carry import StateStore, with_state
 from .driver import Driver, RunOptions
 from .results import RunResult
 from .runnable import Runnable, plan_and_batches
@@ -101,6 +104,7 @@ class LocalCluster:
         self._slots: list = []
         self.driver: Driver | None = None
         self.closed = False
+        self._state = StateStore()  # per compiled step, the final shards its next run starts from
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()  # (connection, hello) of joined workers
         self._acceptor = Acceptor(listen_socket(host, port, backlog=max(n, 8)), self._token.encode(),
                                   self._incoming)
@@ -162,8 +166,18 @@ class LocalCluster:
 
     def run(self, step: ActorPlan | Runnable, inputs: Any = None, steps: int = 1, *, timeout: float = 10.0,
             progress: bool | None = None, params: bool = True, trace: bool = True,
-            on_step: Callable[[int, int, float | None], None] | None = None, fuse: bool = True) -> RunResult:
+            on_step: Callable[[int, int, float | None], None] | None = None, fuse: bool = True,
+            restart: bool = False) -> RunResult:
         """Run ``steps`` training steps and return losses, final parameters and a trace.
+
+        Runs of a compiled step continue: parameters and optimizer state stay with this cluster, so
+        a second ``run(step, ...)`` starts where the last finished run of the same step stopped (two
+        runs of 3 steps train like one run of 6). The first run of a step, and ``restart=True``,
+        start from the weights captured at ``sl.compile``; ``reset(step)`` forgets the kept state.
+        A failed or interrupted run leaves the state of the last run that finished (it is kept here
+        in the driver, so it outlives workers respawned after a failure). Another compiled step, or
+        the same step on another cluster, starts from its own compiled weights. An ActorPlan given
+        directly starts from its States' ``init`` every run.
 
         step: an ActorPlan, or a compiled training step (``sl.compile(...)``; any ``Runnable``: it
             gives its plan for this cluster's ranks and checks its inputs).
@@ -181,11 +195,19 @@ class LocalCluster:
         fuse: fire each chain of local compute actors (each the only reader of the one before) as one
             actor, without the bookkeeping between them (``runtime/fusion.py``); the trace still has
             every part. False runs every actor on its own.
+        params: assemble the final global parameters and optimizer state into ``result.params``
+            (``result.load_into(module)`` copies the parameters into a torch module). With False the
+            workers still send their final shards back, for the next run to continue from.
+        restart: start this compiled step again from its compiled weights instead of continuing.
         """
         if self.closed:
             raise ClusterError("this LocalCluster is closed; create a new one")
+        if not isinstance(restart, bool):
+            raise InputTypeError(f"run: restart must be True or False, got {restart!r}")
+        carry = not isinstance(step, ActorPlan)  # a compiled step: its state stays here between runs
         opts = RunOptions(steps=steps, timeout=timeout, progress=_interactive() if progress is None else progress,
-                          params=params, trace=trace, on_step=on_step, fuse=fuse)  # checks them before any worker starts
+                          params=params, trace=trace, on_step=on_step, fuse=fuse,
+                          state=carry)  # checks them before any worker starts
         plan, batches = plan_and_batches(step, inputs, self.n)
         if plan.world_size > self.n:
             raise InputError(f"plan {plan.name!r} has {plan.world_size} ranks but this cluster has {self.n}")
@@ -205,12 +227,30 @@ class LocalCluster:
         if plan.world_size < self.n:  # the extra workers idle (they still join new process groups)
             plan = ActorPlan(self.n, dict(plan.ranks), plan.device_type, plan.micro_batches, plan.comm_order,
                              plan.name, plan.imports)
+        if carry:
+            if restart:
+                self._state.drop(step)
+            kept = self._state.get(step)
+            if kept is not None:
+                plan = with_state(plan, kept)
         try:
-            return self.driver.run(plan, batches, opts)  # type: ignore[union-attr]
+            result = self.driver.run(plan, batches, opts)  # type: ignore[union-attr]
         except BaseException:
             if not self.driver.healthy:  # type: ignore[union-attr]
                 self._kill()
             raise
+        if carry:
+            self._state.put(step, result.final_shards)
+        return result
+
+    def reset(self, step: Runnable | None = None) -> None:
+        """Forget the parameters and optimizer state kept for ``step`` (None: for every step): its next
+        run starts from its compiled weights, like ``run(step, ..., restart=True)``."""
+        self._state.drop(step)
+
+    def has_state(self, step: Runnable) -> bool:
+        """Whether the next run of ``step`` here continues from kept state (a finished earlier run)."""
+        return step in self._state
 
     def calibrate(self, steps: Any = None, **options: Any) -> Any:
         """Measure these workers once and return a calibrated ``sbplab.Hardware`` for the simulator:

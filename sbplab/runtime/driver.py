@@ -31,7 +31,7 @@ from .diagnose import exit_text, process_state, stopped_text
 from .executor import RunSpec
 from .faults import RunError, describe_failure
 from .progress import step_bar
-from .results import Batches, RunResult, assemble_results, cut_feeds, loss_value, step_loss
+from .results import Batches, RunResult, assemble_results, cut_feeds, loss_value, replica_sources, step_loss
 from .trace import build_trace
 from .wire import recv, send
 
@@ -49,6 +49,7 @@ class RunOptions:
     trace: bool = True
     on_step: Callable[[int, int, float | None], None] | None = None
     fuse: bool = True  # fire chains of local compute actors as one (``fusion.py``)
+    state: bool = False  # send every keyed State's final shard back even without params (``carry.py``)
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int):
@@ -215,12 +216,14 @@ class Driver:
         self.run_id += 1
         self.plan = plan
         groups, pairs = plan.groups(), plan.pairs()
+        want_params = opts.params or opts.state
+        copies = replica_sources(plan) if want_params else {}  # one copy of each replicated State comes back
         report = opts.progress or opts.on_step is not None
         t_start = time.perf_counter_ns()
         for r, conn in self.conns.items():
             spec = RunSpec(self.run_id, plan.ranks[r], plan.micro_batches, plan.rank_order(r), steps,
-                           feeds[r], groups, pairs, opts.timeout, opts.params, opts.trace, plan.imports, report,
-                           opts.fuse)
+                           feeds[r], groups, pairs, opts.timeout, want_params, opts.trace, plan.imports, report,
+                           opts.fuse, frozenset(n for q, n in copies if q == r))
             send(conn, ("run", spec))
         bar = step_bar(steps, opts.progress, desc=plan.name)
         results: dict[int, dict] = {}
@@ -287,7 +290,9 @@ class Driver:
                 self.healthy = False
                 raise
             wall = (time.perf_counter_ns() - t_start) / 1e9
-            outputs, params = assemble_results(plan, steps, results)
+            for (r, name), (q, src) in copies.items():
+                results[r]["params"][name] = results[q]["params"][src]
+            outputs, params = assemble_results(plan, steps, results, params=opts.params)
             losses = [loss_value(v) for v in outputs.get("loss", [])]
             show(steps, losses)  # every step is reported once, even if a report went missing
         finally:
@@ -295,6 +300,8 @@ class Driver:
         trace = build_trace(plan, steps, {r: res["trace"] for r, res in results.items()}, offsets, t_start) \
             if opts.trace else None
         res = RunResult(losses, outputs, params, steps=steps, wall_s=wall)
+        if opts.state:
+            res.final_shards = {r: got["params"] for r, got in results.items()}
         if trace is not None:
             res.trace = trace
         return res

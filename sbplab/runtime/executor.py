@@ -54,6 +54,7 @@ class RunSpec:
     imports: tuple[str, ...] = ()
     report_steps: bool = False  # tell the driver as each step finishes (progress bars, on_step)
     fuse: bool = True  # fire chains of local compute actors as one (``fusion.py``)
+    replicas: frozenset[str] = frozenset()  # States whose final value another rank sends (the same copy)
 
 
 class ActorFailure(Exception):
@@ -350,7 +351,7 @@ class Executor:
         for a, b in zip(self.actors, self.behaviours):
             if isinstance(a, Sink):
                 sinks[a.name] = stack_values(b.values)  # type: ignore[union-attr]
-            elif isinstance(a, State) and self.spec.want_params and a.key:
+            elif isinstance(a, State) and self.spec.want_params and a.key and a.name not in self.spec.replicas:
                 params[a.name] = b.value.detach().to("cpu", copy=True)  # type: ignore[union-attr]
         return {"sinks": sinks, "params": params, "trace": self.trace}
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError, InputTypeError
 from ..layout import assemble, balanced_sizes, shard
+from ..sbp import Broadcast, Split
 from .actor_plan import ActorPlan
 from .specs import PlanError, Sink, Source, State
 from .trace import Trace
@@ -92,9 +94,14 @@ class RunResult:
 
     losses: per step, the "loss" sink's global value as a float (micro-batches combined).
     outputs: per sink key, per step, the global value (a tensor).
-    params: per State key, the final global value: a GlobalTensor (``.full()`` for the tensor).
+    params: per State key, the final global value: a GlobalTensor (``.full()`` for the tensor). The
+        keys are the graph's tensor names: a compiled step's parameters under their module names
+        (``"blocks.0.fc1.weight"``), optimizer state under ``"<param>.<state>"`` (``".momentum_buffer"``,
+        ``".exp_avg"``, ...). ``load_into(module)`` copies the parameters into a torch module.
     trace: every firing on one clock (``trace.to_chrome(path)``).
     step_times: measured wall seconds per step, from the trace (see the property).
+    final_shards: per rank, per State actor, its final local value: what the next run of the same
+        compiled step on the same cluster starts from (kept even with ``params=False``).
     """
 
     losses: list[float] = field(default_factory=list)
@@ -103,6 +110,7 @@ class RunResult:
     trace: Trace = field(default_factory=Trace)
     steps: int = 0
     wall_s: float = 0.0
+    final_shards: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def step_times(self) -> list[float]:
@@ -126,6 +134,49 @@ class RunResult:
 
     def full_params(self) -> dict[str, torch.Tensor]:
         return {k: (v.full() if hasattr(v, "full") else v) for k, v in self.params.items()}
+
+    def load_into(self, module: torch.nn.Module, strict: bool = True) -> list[str]:
+        """Copy the trained parameters into ``module`` (the torch module the step was compiled from,
+        or one of the same structure), in place; returns the names it loaded.
+
+        Each global value is assembled from the ranks' shards and copied into the module parameter of
+        the same name (a tied parameter under any of its names). strict: every trainable parameter of
+        the module must get a value; a frozen one (``requires_grad=False``) was a constant of the step
+        and is left as it is. Optimizer state is not a module parameter and is not loaded.
+        """
+        if not isinstance(module, torch.nn.Module):
+            raise InputTypeError(f"load_into needs a torch.nn.Module, got {type(module).__name__}")
+        if not self.params:
+            raise InputError("this result has no parameters: it was run with params=False (or its plan has "
+                             "no keyed State); run with params=True to get them")
+        done: set[int] = set()
+        loaded: list[str] = []
+        with torch.no_grad():
+            for name, p in module.named_parameters(remove_duplicate=False):
+                if name not in self.params or id(p) in done:
+                    continue
+                v = self.params[name]
+                v = v.full() if hasattr(v, "full") else v
+                if not isinstance(v, torch.Tensor):
+                    raise InputError(f"load_into: {name!r} has no global value in this result (its State has "
+                                     f"no placement)")
+                if tuple(v.shape) != tuple(p.shape):
+                    raise InputError(f"load_into: parameter {name!r} of the module has shape {tuple(p.shape)} "
+                                     f"but the run's has {tuple(v.shape)}; is this the module the step was "
+                                     f"compiled from?")
+                p.copy_(v.to(device=p.device, dtype=p.dtype))
+                done.add(id(p))
+                loaded.append(name)
+        if not loaded:
+            raise InputError(f"load_into: no parameter of this {type(module).__name__} is in the run (its "
+                             f"parameters are {list(dict(module.named_parameters()))[:6]}; the run has "
+                             f"{list(self.params)[:6]}); is this the module the step was compiled from?")
+        missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in done]
+        if strict and missing:
+            raise InputError(f"load_into: the run has no value for trainable parameter(s) {missing} of the "
+                             f"module (not used by the traced forward?); load_into(module, strict=False) "
+                             f"loads the others")
+        return loaded
 
 
 def _combine(vals: list[torch.Tensor], how: str) -> torch.Tensor:
@@ -160,8 +211,34 @@ def step_loss(plan: ActorPlan, per_rank: Mapping[int, Mapping[str, list[torch.Te
     return loss_value(_sink_step(sink, by_rank, range(n), "loss"))
 
 
-def assemble_results(plan: ActorPlan, steps: int, per_rank: dict[int, dict]) -> tuple[dict, dict]:
-    """Sinks (per key, per step) and final parameters, from every rank's local values."""
+def replica_sources(plan: ActorPlan) -> dict[tuple[int, str], tuple[int, str]]:
+    """Keyed States whose local value is a copy of another rank's: (rank, State) -> (rank, State) it copies.
+
+    Ranks that differ only in their coordinates on mesh axes where the State is B hold the same
+    block, computed by the same collectives and updates: a run asks only the first of them for its
+    final value (a data-parallel run of n ranks sends one copy of the model back, not n) and the
+    driver hands that copy to the others. A State partial (P) on some axis has no copies."""
+    first: dict[tuple, tuple[int, str]] = {}
+    out: dict[tuple[int, str], tuple[int, str]] = {}
+    for r, rp in plan.ranks.items():
+        for a in rp.actors:
+            if not isinstance(a, State) or not a.key or a.placement is None or r not in a.placement.rank_list:
+                continue
+            if any(not isinstance(x, (Broadcast, Split)) for x in a.sbp):
+                continue
+            where = tuple(c if isinstance(x, Split) else 0 for c, x in zip(a.placement.coords(r), a.sbp))
+            sig = (a.key, a.placement, tuple(a.sbp), where)
+            if sig in first:
+                out[(r, a.name)] = first[sig]
+            else:
+                first[sig] = (r, a.name)
+    return out
+
+
+def assemble_results(plan: ActorPlan, steps: int, per_rank: dict[int, dict],
+                     params: bool = True) -> tuple[dict, dict]:
+    """Sinks (per key, per step) and final parameters (unless ``params`` is False), from every rank's
+    local values."""
     M = plan.micro_batches
     sinks: dict[str, tuple[Sink, dict[int, list[torch.Tensor]]]] = {}
     states: dict[str, tuple[State, dict[int, torch.Tensor]]] = {}
@@ -169,7 +246,7 @@ def assemble_results(plan: ActorPlan, steps: int, per_rank: dict[int, dict]) -> 
         for a in rp.actors:
             if isinstance(a, Sink):
                 sinks.setdefault(a.key, (a, {}))[1][r] = unstack_values(per_rank[r]["sinks"][a.name])
-            elif isinstance(a, State) and a.key and a.name in per_rank[r]["params"]:
+            elif params and isinstance(a, State) and a.key and a.name in per_rank[r]["params"]:
                 states.setdefault(a.key, (a, {}))[1][r] = per_rank[r]["params"][a.name]
     outputs: dict[str, list[torch.Tensor]] = {}
     for key, (a, by_rank) in sinks.items():

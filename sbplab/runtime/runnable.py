@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import InputTypeError
+from ..errors import InputError, InputTypeError
 from .actor_plan import ActorPlan
 from .results import Batches
 
@@ -28,11 +28,30 @@ class Runnable(Protocol):
         ...
 
 
+def ranks_needed(step: Any) -> int | None:
+    """How many ranks a Runnable's step uses (the highest rank + 1), if it says: its ``world_size``, or
+    the ranks of its physical graph (a compiled step's); None if it does not say."""
+    n = getattr(step, "world_size", None)
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    ranks = getattr(getattr(step, "physical", None), "ranks", None)
+    try:
+        return max(ranks) + 1 if ranks else None
+    except TypeError:
+        return None
+
+
 def plan_and_batches(step: Any, inputs: Any, world_size: int) -> tuple[ActorPlan, Batches | None]:
     """An ActorPlan with its batches as given, or a Runnable's plan and its checked feeds."""
     if isinstance(step, ActorPlan):
         return step, inputs
     if isinstance(step, Runnable):
+        need = ranks_needed(step)
+        if need is not None and need > world_size:
+            what = getattr(getattr(step, "strategy", None), "name", None)
+            raise InputError(f"this step{f' ({what})' if what else ''} uses {need} ranks but the cluster has "
+                             f"{world_size}; run it on sl.LocalCluster({need}) or more, or compile it for "
+                             f"{world_size} ranks")
         plan = step.plan(world_size=world_size)
         if not isinstance(plan, ActorPlan):
             raise InputTypeError(f"{type(step).__name__}.plan(world_size={world_size}) returned "

@@ -62,9 +62,10 @@ def healthy(cluster, mlp):
 
 
 def _check_step(cluster, mlp) -> None:
-    """The real step on (possibly respawned) workers gives PyTorch's losses."""
+    """The real step on (possibly respawned) workers gives PyTorch's losses (from the compiled weights:
+    runs of a step otherwise continue where the last one stopped)."""
     step, inputs, ref_losses = mlp
-    res = cluster.run(step, inputs, steps=3, progress=False, timeout=30.0)
+    res = cluster.run(step, inputs, steps=3, progress=False, timeout=30.0, restart=True)
     assert res.losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
     cluster.seen += cluster.pids
 
