@@ -171,3 +171,34 @@ def test_tensor_parallel_runs_continue_too(cluster):
     assert first.losses + second.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
     for name, p in want_params.items():
         assert torch.allclose(second.params[name].full(), p, atol=1e-4), name
+
+
+def test_the_same_workers_continue_from_what_they_keep_and_others_get_the_drivers_copy(cluster):
+    """Run after run of one step on the same workers, the driver ships no state: the workers start from
+    the final values they kept. After another plan ran there, the driver ships its copy instead."""
+    from sbplab.runtime import State
+
+    model, x, y = _model()
+    opt = sl.Adam(lr=0.01)
+    step = _compile(model, x, y, opt)
+    want, _ = torch_steps(model, (x,), y, model.loss_fn, opt, 6)
+    shipped = []
+
+    def spy(plan, batches, opts):
+        inits = [a.init for rp in plan.ranks.values() for a in rp.actors if isinstance(a, State) and a.key]
+        shipped.append((opts.resume, sum(isinstance(i, torch.Tensor) for i in inits), len(inits)))
+        return real(plan, batches, opts)
+
+    cluster.run(step, (x, y), steps=2, progress=False)  # (re)starts the workers if needed
+    real = cluster.driver.run
+    cluster.driver.run = spy
+    try:
+        second = cluster.run(step, (x, y), steps=2, progress=False)
+        cluster.run(step.plan(world_size=2), step.feeds((x, y)), steps=1, progress=False)  # the workers let it go
+        third = cluster.run(step, (x, y), steps=2, progress=False)
+    finally:
+        del cluster.driver.run
+    (resume, tensors, n), _, (resume3, tensors3, n3) = shipped
+    assert resume is not None and tensors == 0 and n > 0  # Zeros descriptions only: nothing shipped
+    assert resume3 is None and tensors3 == n3  # the driver's copy, every State
+    assert second.losses + third.losses == pytest.approx(want[2:], rel=1e-4, abs=1e-5)

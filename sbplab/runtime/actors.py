@@ -140,9 +140,11 @@ class SinkB(Behaviour):
 
 
 class StateB(Behaviour):
-    def __init__(self, actor: State, micro, steps, device) -> None:
+    """``value``: start from this tensor (the worker's kept final value of the previous run), not ``init``."""
+
+    def __init__(self, actor: State, micro, steps, device, value: torch.Tensor | None = None) -> None:
         super().__init__(actor, micro, steps, device)
-        self.value = materialize(actor.init, device)  # type: ignore[arg-type]
+        self.value = materialize(actor.init, device) if value is None else value  # type: ignore[arg-type]
 
     def fire(self, k, inputs):
         if inputs:  # the update of step k - 1
@@ -179,9 +181,10 @@ class AccumulateB(Behaviour):
 
 
 def make_behaviour(a: Actor, micro: int, steps: int, device: torch.device,
-                   feeds: dict[str, list[torch.Tensor]], pools: BufferPools | None = None) -> Behaviour | None:
+                   feeds: dict[str, list[torch.Tensor]], pools: BufferPools | None = None,
+                   resume: dict[str, torch.Tensor] | None = None) -> Behaviour | None:
     """None for communication actors (the comm lane runs those); ``pools`` holds the buffers of actors
-    that write ``into`` one."""
+    that write ``into`` one; ``resume``: State name -> the value it starts from instead of its init."""
     into = getattr(a, "into", None)
     views = pools.views(into) if into is not None and pools is not None else None
     if isinstance(a, Compute):
@@ -196,7 +199,7 @@ def make_behaviour(a: Actor, micro: int, steps: int, device: torch.device,
     if isinstance(a, Sink):
         return SinkB(a, micro, steps, device)
     if isinstance(a, State):
-        return StateB(a, micro, steps, device)
+        return StateB(a, micro, steps, device, resume.get(a.name) if resume else None)
     if isinstance(a, Accumulate):
         return AccumulateB(a, micro, steps, device, views)
     return None

@@ -6,11 +6,14 @@ compiled step that would start every ``cluster.run`` again from the weights capt
 State's final local value (``RunResult.final_shards``), and the next run of the same step on the
 same cluster ships those as the States' ``init``: it continues where the last run stopped.
 
-The values live in the driver, not in the workers, so they survive what kills workers: a failed or
-interrupted run leaves the state of the last run that finished, and the respawned workers of the
-next run start from it. ``restart=True`` (or ``cluster.reset(step)``) drops them: the step starts
-again from its compiled weights. A plain ActorPlan is never continued (its States start from their
-``init`` every run, as they always did).
+The values live in the driver, so they survive what kills workers: a failed or interrupted run
+leaves the state of the last run that finished, and the respawned workers of the next run start
+from it. The workers also keep the final values of their last run where they are (on the GPU for
+cuda ranks), so when the same workers run the same step next, the driver ships nothing back to
+them: they start from what they hold (``without_inits``) and the driver's copy is only the spare.
+``restart=True`` (or ``cluster.reset(step)``) drops the state: the step starts again from its
+compiled weights. A plain ActorPlan is never continued (its States start from their ``init`` every
+run, as they always did).
 """
 
 from __future__ import annotations
@@ -33,15 +36,29 @@ class StateStore:
     """Per compiled step (by identity), the final State shards of its last finished run."""
 
     def __init__(self) -> None:
-        self._by_step: dict[int, tuple[Callable[[], Any], Shards]] = {}
+        self._by_step: dict[int, tuple[Callable[[], Any], Shards, int]] = {}
+        self._tags = 0
 
-    def get(self, step: Any) -> Shards | None:
+    def _entry(self, step: Any) -> tuple[Callable[[], Any], Shards, int] | None:
         got = self._by_step.get(id(step))
         if got is None or got[0]() is not step:  # an id reused by a new object after the old one died
             return None
-        return got[1]
+        return got
 
-    def put(self, step: Any, shards: Shards) -> None:
+    def get(self, step: Any) -> Shards | None:
+        got = self._entry(step)
+        return None if got is None else got[1]
+
+    def tag(self, step: Any) -> int | None:
+        """The tag of ``step``'s kept state: the run that made it kept its values on the workers under it."""
+        got = self._entry(step)
+        return None if got is None else got[2]
+
+    def new_tag(self) -> int:
+        self._tags += 1
+        return self._tags
+
+    def put(self, step: Any, shards: Shards, tag: int) -> None:
         key = id(step)
         store = self._by_step
         try:  # forget the state when the step itself is gone (and free its tensors)
@@ -49,44 +66,34 @@ class StateStore:
         except TypeError:  # not weak-referenceable: hold it (its state is held anyway)
             def ref(s: Any = step) -> Any:
                 return s
-        store[key] = (ref, shards)
+        store[key] = (ref, shards, tag)
 
     def drop(self, step: Any = None) -> None:
         """Forget the state of ``step`` (None: of every step)."""
         if step is None:
             self._by_step.clear()
-        elif self.get(step) is not None:
+        elif self._entry(step) is not None:
             del self._by_step[id(step)]
 
     def __contains__(self, step: Any) -> bool:
-        return self.get(step) is not None
+        return self._entry(step) is not None
 
 
 def _shape_dtype(init: torch.Tensor | Zeros) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(init.shape), init.dtype
 
 
-def with_state(plan: ActorPlan, shards: Mapping[int, Mapping[str, torch.Tensor]]) -> ActorPlan:
-    """``plan`` with every keyed State starting from its value in ``shards`` instead of its ``init``.
-
-    A shallow copy: the plan (often cached by the compiled step) is left as it is, and only the
-    State actors are copied. Every keyed State must have a value of its own shape and dtype, else
-    the values belong to another plan and continuing from them would be wrong."""
+def _with_inits(plan: ActorPlan, init_of: Callable[[int, State], torch.Tensor | Zeros]) -> ActorPlan:
+    """``plan`` with every keyed State's ``init`` replaced by ``init_of(rank, state)``. A shallow copy:
+    the plan (often cached by the compiled step) is left as it is; only the State actors are copied."""
     ranks = {}
     for r, rp in plan.ranks.items():
-        vals = shards.get(r, {})
         acts = []
         for a in rp.actors:
             if isinstance(a, State) and a.key:
-                v = vals.get(a.name)
-                if v is None or (tuple(v.shape), v.dtype) != _shape_dtype(a.init):  # type: ignore[arg-type]
-                    got = "nothing" if v is None else f"{tuple(v.shape)} {v.dtype}"
-                    want = "{} {}".format(*_shape_dtype(a.init))  # type: ignore[arg-type]
-                    raise ClusterError(f"cannot continue {plan.name!r}: the kept state of {a.key!r} on rank {r} "
-                                       f"is {got}, the plan wants {want}; run it with restart=True to start "
-                                       f"again from the compiled weights")
+                init = init_of(r, a)
                 a = copy.copy(a)
-                a.init = v
+                a.init = init
             acts.append(a)
         new = copy.copy(rp)
         new.actors = acts
@@ -95,3 +102,27 @@ def with_state(plan: ActorPlan, shards: Mapping[int, Mapping[str, torch.Tensor]]
     out = copy.copy(plan)
     out.ranks = ranks
     return out
+
+
+def with_state(plan: ActorPlan, shards: Mapping[int, Mapping[str, torch.Tensor]]) -> ActorPlan:
+    """``plan`` with every keyed State starting from its value in ``shards`` instead of its ``init``.
+
+    Every keyed State must have a value of its own shape and dtype, else the values belong to another
+    plan and continuing from them would be wrong."""
+    def init_of(r: int, a: State) -> torch.Tensor:
+        v = shards.get(r, {}).get(a.name)
+        want = _shape_dtype(a.init)  # type: ignore[arg-type]
+        if v is None or (tuple(v.shape), v.dtype) != want:
+            got = "nothing" if v is None else f"{tuple(v.shape)} {v.dtype}"
+            raise ClusterError(f"cannot continue {plan.name!r}: the kept state of {a.key!r} on rank {r} is {got}, "
+                               f"the plan wants {want[0]} {want[1]}; run it with restart=True to start again "
+                               f"from the compiled weights")
+        return v
+
+    return _with_inits(plan, init_of)
+
+
+def without_inits(plan: ActorPlan) -> ActorPlan:
+    """``plan`` with every keyed State's ``init`` a ``Zeros`` description (no data to ship): for a run
+    whose workers start every keyed State from the values they kept (``RunSpec.resume``)."""
+    return _with_inits(plan, lambda r, a: Zeros(*_shape_dtype(a.init)))  # type: ignore[arg-type]

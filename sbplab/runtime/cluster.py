@@ -33,7 +33,7 @@ from ..errors import ClusterError, InputError, InputTypeError
 from .accept import Acceptor, listen_socket
 from .activity import ActivityBoard
 from .actor_plan import ActorPlan
-from .carry import StateStore, with_state
+from .carry import StateStore, with_state, without_inits
 from .driver import Driver, RunOptions
 from .results import RunResult
 from .runnable import Runnable, plan_and_batches
@@ -105,6 +105,7 @@ class LocalCluster:
         self.driver: Driver | None = None
         self.closed = False
         self._state = StateStore()  # per compiled step, the final shards its next run starts from
+        self._held: tuple[Driver, int] | None = None  # the workers of that driver keep the state of that tag
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()  # (connection, hello) of joined workers
         self._acceptor = Acceptor(listen_socket(host, port, backlog=max(n, 8)), self._token.encode(),
                                   self._incoming)
@@ -174,8 +175,9 @@ class LocalCluster:
         a second ``run(step, ...)`` starts where the last finished run of the same step stopped (two
         runs of 3 steps train like one run of 6). The first run of a step, and ``restart=True``,
         start from the weights captured at ``sl.compile``; ``reset(step)`` forgets the kept state.
-        A failed or interrupted run leaves the state of the last run that finished (it is kept here
-        in the driver, so it outlives workers respawned after a failure). Another compiled step, or
+        A failed or interrupted run leaves the state of the last run that finished (the driver keeps
+        a copy, so it outlives workers respawned after a failure; the workers keep the final values
+        of their last run too, so the next run of the same step on them ships none). Another compiled step, or
         the same step on another cluster, starts from its own compiled weights. An ActorPlan given
         directly starts from its States' ``init`` every run.
 
@@ -227,12 +229,16 @@ class LocalCluster:
         if plan.world_size < self.n:  # the extra workers idle (they still join new process groups)
             plan = ActorPlan(self.n, dict(plan.ranks), plan.device_type, plan.micro_batches, plan.comm_order,
                              plan.name, plan.imports)
+        held, self._held = self._held, None  # what the workers keep: this run starts from it or drops it
         if carry:
             if restart:
                 self._state.drop(step)
-            kept = self._state.get(step)
-            if kept is not None:
-                plan = with_state(plan, kept)
+            kept, tag = self._state.get(step), self._state.tag(step)
+            if kept is not None and held is not None and held[0] is self.driver and held[1] == tag:
+                plan, opts.resume = without_inits(plan), tag  # the same workers keep it: ship nothing
+            elif kept is not None:
+                plan = with_state(plan, kept)  # fresh workers, or another step ran since: ship the spare
+            opts.keep = self._state.new_tag()
         try:
             result = self.driver.run(plan, batches, opts)  # type: ignore[union-attr]
         except BaseException:
@@ -240,7 +246,8 @@ class LocalCluster:
                 self._kill()
             raise
         if carry:
-            self._state.put(step, result.final_shards)
+            self._state.put(step, result.final_shards, opts.keep)  # type: ignore[arg-type]
+            self._held = (self.driver, opts.keep)
         return result
 
     def reset(self, step: Runnable | None = None) -> None:

@@ -50,6 +50,8 @@ class RunOptions:
     on_step: Callable[[int, int, float | None], None] | None = None
     fuse: bool = True  # fire chains of local compute actors as one (``fusion.py``)
     state: bool = False  # send every keyed State's final shard back even without params (``carry.py``)
+    resume: int | None = None  # the workers start every keyed State from the values they keep under this tag
+    keep: int | None = None  # the workers keep every keyed State's final value under this tag
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int):
@@ -223,7 +225,7 @@ class Driver:
         for r, conn in self.conns.items():
             spec = RunSpec(self.run_id, plan.ranks[r], plan.micro_batches, plan.rank_order(r), steps,
                            feeds[r], groups, pairs, opts.timeout, want_params, opts.trace, plan.imports, report,
-                           opts.fuse, frozenset(n for q, n in copies if q == r))
+                           opts.fuse, frozenset(n for q, n in copies if q == r), opts.resume, opts.keep)
             send(conn, ("run", spec))
         bar = step_bar(steps, opts.progress, desc=plan.name)
         results: dict[int, dict] = {}

@@ -55,6 +55,8 @@ class RunSpec:
     report_steps: bool = False  # tell the driver as each step finishes (progress bars, on_step)
     fuse: bool = True  # fire chains of local compute actors as one (``fusion.py``)
     replicas: frozenset[str] = frozenset()  # States whose final value another rank sends (the same copy)
+    resume: int | None = None  # start every keyed State from the worker's kept values of this tag
+    keep: int | None = None  # after the run, the worker keeps every keyed State's final value under this tag
 
 
 class ActorFailure(Exception):
@@ -81,7 +83,7 @@ class Executor:
     the values of the step's "loss" sinks (sink name -> one tensor per firing of the step)."""
 
     def __init__(self, spec: RunSpec, rank: int, comm: Comm, device: torch.device, activity=None,
-                 on_step: StepReport | None = None) -> None:
+                 on_step: StepReport | None = None, resume: dict[str, torch.Tensor] | None = None) -> None:
         self.spec, self.rank, self.comm, self.device = spec, rank, comm, device
         self.on_step = on_step
         self.activity = activity  # shared ints the driver reads if this process dies
@@ -97,7 +99,11 @@ class Executor:
         actors = self.actors
         self.graph = FiringGraph(actors, spec.micro_batches, spec.steps)
         self.pools = _pools(rp.actors, device)
-        self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds, self.pools)
+        if resume is not None:
+            missing = [a.name for a in actors if isinstance(a, State) and a.key and a.name not in resume]
+            if missing:
+                raise RuntimeError(f"rank {rank}: the kept state has no value for States {missing[:5]}")
+        self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds, self.pools, resume)
                            for a in actors]
         self.fused = [b if isinstance(b, FusedB) else None for b in self.behaviours]
         self.order = [(self.graph.names[n], m) for n, m in spec.order]
@@ -353,7 +359,11 @@ class Executor:
                 sinks[a.name] = stack_values(b.values)  # type: ignore[union-attr]
             elif isinstance(a, State) and self.spec.want_params and a.key and a.name not in self.spec.replicas:
                 params[a.name] = b.value.detach().to("cpu", copy=True)  # type: ignore[union-attr]
-        return {"sinks": sinks, "params": params, "trace": self.trace}
+        out = {"sinks": sinks, "params": params, "trace": self.trace}
+        if self.spec.keep is not None:  # for the worker, not the driver: the values themselves, where they are
+            out["kept"] = {a.name: b.value for a, b in zip(self.actors, self.behaviours)  # type: ignore[union-attr]
+                           if isinstance(a, State) and a.key}
+        return out
 
     def status(self) -> list[dict]:
         """What this rank is doing now: firings in flight, else what blocked actors wait for."""

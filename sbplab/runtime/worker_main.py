@@ -45,6 +45,9 @@ class Worker:
         self.comm = Comm(rank, world_size, device_type, device)
         self.activity = activity
         self.executor: Executor | None = None
+        # (tag, State name -> final value) of the last run, if it asked to keep them: the next run of the
+        # same compiled step starts from them instead of having the driver ship them back (``carry.py``)
+        self.kept: tuple[int, dict[str, torch.Tensor]] | None = None
         self.send_lock = threading.Lock()  # the run thread reports steps on the same connection
 
     def _send(self, msg: tuple) -> None:
@@ -96,6 +99,9 @@ class Worker:
         if "error" in box:
             self._send(("error", spec.run_id, box["error"]))
         else:
+            kept = box["result"].pop("kept", None)
+            if kept is not None:
+                self.kept = (spec.keep, kept)  # type: ignore[assignment]
             self._send(("done", spec.run_id, self.rank, box["result"]))
         self.executor = None
         return False
@@ -117,7 +123,15 @@ class Worker:
             if spec.report_steps:
                 def report(step: int, losses: dict) -> None:
                     self._send(("step", spec.run_id, self.rank, step, losses))
-            self.executor = Executor(spec, self.rank, self.comm, self.device, self.activity, report)
+            kept, self.kept = self.kept, None  # a run starts from the kept state or lets it go
+            resume = None
+            if spec.resume is not None:
+                if kept is None or kept[0] != spec.resume:
+                    raise RuntimeError(f"rank {self.rank}: the driver asked to continue from kept state "
+                                       f"{spec.resume}, but this worker keeps {kept[0] if kept else 'none'}")
+                resume = kept[1]
+            del kept
+            self.executor = Executor(spec, self.rank, self.comm, self.device, self.activity, report, resume)
             box["result"] = _profiled(self.executor.run, self.rank, spec.run_id)
         except ActorFailure as e:
             box["error"] = e.info
