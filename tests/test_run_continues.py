@@ -202,3 +202,33 @@ def test_the_same_workers_continue_from_what_they_keep_and_others_get_the_driver
     assert resume is not None and tensors == 0 and n > 0  # Zeros descriptions only: nothing shipped
     assert resume3 is None and tensors3 == n3  # the driver's copy, every State
     assert second.losses + third.losses == pytest.approx(want[2:], rel=1e-4, abs=1e-5)
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.b.weight = self.a.weight  # one parameter, two names
+        self.frozen = torch.nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(self.b(self.a(x)))
+
+
+def test_load_into_finds_a_tied_parameter_under_either_name_and_leaves_frozen_ones():
+    from sbplab.runtime import RunResult
+
+    m = _Tied()
+    frozen = m.frozen.weight.detach().clone()
+    value = {n: torch.full_like(p, 7.0) for n, p in m.named_parameters() if n != "a.weight"}
+    value["b.weight"] = torch.full((4, 4), 3.0)  # the run names the tied weight by its second name
+    value = {k: v for k, v in value.items() if not k.startswith("frozen")}
+    loaded = RunResult(params=value).load_into(m)
+    assert sorted(loaded) == ["a.bias", "b.bias", "b.weight"]
+    assert torch.equal(m.a.weight.detach(), torch.full((4, 4), 3.0)) and m.a.weight is m.b.weight
+    assert torch.equal(m.frozen.weight, frozen)
+    del value["b.bias"]
+    with pytest.raises(sl.SbplabError, match=r"no value for trainable parameter\(s\) \['b.bias'\]"):
+        RunResult(params=value).load_into(m)
+    assert RunResult(params=value).load_into(m, strict=False) == ["a.bias", "b.weight"]

@@ -294,6 +294,8 @@ class LocalCluster:
                 self._kill()
             finally:
                 self.driver = None
+                self._state.drop()  # the kept state of every step goes with the cluster
+                self._held = None
                 self._acceptor.close()
                 while not self._incoming.empty():  # workers that joined but were never taken in
                     self._incoming.get_nowait()[0].close()
