@@ -211,12 +211,14 @@ class _Tied(torch.nn.Module):
         self.b.weight = self.a.weight  # one parameter, two names
         self.frozen = torch.nn.Linear(4, 4)
         self.frozen.requires_grad_(False)
+        self.register_buffer("running", torch.zeros(4))  # state a forward would update (BatchNorm's statistics)
 
     def forward(self, x):
         return self.frozen(self.b(self.a(x)))
 
 
 def test_load_into_finds_a_tied_parameter_under_either_name_and_leaves_frozen_ones():
+    """Names are the module's; a buffer the step updates is loaded too; frozen parameters stay."""
     from sbplab.runtime import RunResult
 
     m = _Tied()
@@ -224,11 +226,13 @@ def test_load_into_finds_a_tied_parameter_under_either_name_and_leaves_frozen_on
     value = {n: torch.full_like(p, 7.0) for n, p in m.named_parameters() if n != "a.weight"}
     value["b.weight"] = torch.full((4, 4), 3.0)  # the run names the tied weight by its second name
     value = {k: v for k, v in value.items() if not k.startswith("frozen")}
+    value["running"] = torch.ones(4)
     loaded = RunResult(params=value).load_into(m)
-    assert sorted(loaded) == ["a.bias", "b.bias", "b.weight"]
+    assert sorted(loaded) == ["a.bias", "b.bias", "b.weight", "running"]
+    assert torch.equal(m.running, torch.ones(4))
     assert torch.equal(m.a.weight.detach(), torch.full((4, 4), 3.0)) and m.a.weight is m.b.weight
     assert torch.equal(m.frozen.weight, frozen)
     del value["b.bias"]
     with pytest.raises(sl.SbplabError, match=r"no value for trainable parameter\(s\) \['b.bias'\]"):
         RunResult(params=value).load_into(m)
-    assert RunResult(params=value).load_into(m, strict=False) == ["a.bias", "b.weight"]
+    assert RunResult(params=value).load_into(m, strict=False) == ["a.bias", "b.weight", "running"]

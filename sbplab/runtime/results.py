@@ -140,9 +140,10 @@ class RunResult:
         or one of the same structure), in place; returns the names it loaded.
 
         Each global value is assembled from the ranks' shards and copied into the module parameter of
-        the same name (a tied parameter under any of its names). strict: every trainable parameter of
-        the module must get a value; a frozen one (``requires_grad=False``) was a constant of the step
-        and is left as it is. Optimizer state is not a module parameter and is not loaded.
+        the same name (a tied parameter under any of its names), and into a buffer of the same name
+        where the step updates one (BatchNorm's running statistics). strict: every trainable parameter
+        of the module must get a value; a frozen one (``requires_grad=False``) was a constant of the
+        step and is left as it is. Optimizer state is not a module parameter and is not loaded.
         """
         if not isinstance(module, torch.nn.Module):
             raise InputTypeError(f"load_into needs a torch.nn.Module, got {type(module).__name__}")
@@ -167,6 +168,13 @@ class RunResult:
                 p.copy_(v.to(device=p.device, dtype=p.dtype))
                 done.add(id(p))
                 loaded.append(name)
+            for name, b in module.named_buffers(remove_duplicate=False):  # state a forward updates (BatchNorm)
+                v = self.params.get(name)
+                v = v.full() if hasattr(v, "full") else v
+                if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(b.shape) and id(b) not in done:
+                    b.copy_(v.to(device=b.device, dtype=b.dtype))
+                    done.add(id(b))
+                    loaded.append(name)
         if not loaded:
             raise InputError(f"load_into: no parameter of this {type(module).__name__} is in the run (its "
                              f"parameters are {list(dict(module.named_parameters()))[:6]}; the run has "
