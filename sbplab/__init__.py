@@ -10,14 +10,16 @@ only when a picture is drawn.
 
 from __future__ import annotations
 
-from . import models, ops  # importing ops registers every op
-from .boxing import BoxingPlan, plan_boxing
+# importing ops registers every op; search is the package, callable as its function: sl.search(model, ...)
+from . import models, ops, search
+from .boxing import BoxingError, BoxingPlan, plan_boxing
 from .compiler import (
     SGD,
     Adam,
     AdamW,
     Compiled,
     GraphBuilder,
+    GraphError,
     HintError,
     Strategy,
     compile,
@@ -25,6 +27,8 @@ from .compiler import (
     from_torch,
     presets,
 )
+from .compiler.frontend.aten_capture import CaptureError, ReplicatedOpWarning
+from .compiler.frontend.from_torch import UnsupportedError, UnsupportedModelError
 from .compiler.reference import compare as compare_with_torch
 from .compiler.reference import torch_steps
 from .eager import (
@@ -37,27 +41,41 @@ from .eager import (
     set_default_hardware,
     tensor,
 )
-from .errors import SbplabError
+from .errors import ClusterError, InputError, InputKeyError, InputTypeError, OpError, SbpError, SbplabError
 from .hardware import Hardware
-from .layout import assemble, balanced_sizes, local_block, local_shape, random_shards, shard, split_range
+from .layout import (
+    LayoutError,
+    assemble,
+    balanced_sizes,
+    local_block,
+    local_shape,
+    random_shards,
+    shard,
+    split_range,
+)
+from .ops.aten import register_rule
+from .ops.registry import Signature, UnknownOpError
 from .placement import Placement
-from .runtime import LocalCluster, Trace
+from .runtime import LocalCluster, PlanError, RunError, Trace
 from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
-from .search import search
-from .sim import simulate
+from .search import SearchError
+from .sim import SimulationError, simulate
 from .viz import compare_timelines, layout_picture, timeline, type_string
 
 __all__ = [
+    "CaptureError", "ReplicatedOpWarning", "register_rule", "Signature",
     # semantics
     "B", "Broadcast", "P", "Partial", "Placement", "S", "Split", "fmt_sbp", "parse_sbp",
     "assemble", "balanced_sizes", "local_block", "local_shape", "random_shards", "shard", "split_range",
     # eager global tensors and boxing
-    "BoxingPlan", "Hardware", "GlobalTensor", "SignatureError", "apply", "explain", "explain_log",
+    "BoxingPlan", "Hardware", "GlobalTensor", "apply", "explain", "explain_log",
     "from_local", "plan_boxing", "set_default_hardware", "tensor", "ops",
-    # errors: every error sbplab raises on purpose is an SbplabError
-    "SbplabError",
+    # errors: every error sbplab raises on purpose is an SbplabError, and every one of them is here
+    "SbplabError", "BoxingError", "ClusterError", "GraphError", "HintError", "InputError", "InputKeyError",
+    "InputTypeError", "LayoutError", "OpError", "PlanError", "RunError", "SbpError", "SearchError",
+    "SignatureError", "SimulationError", "UnknownOpError", "UnsupportedError", "UnsupportedModelError",
     # compiler
-    "Adam", "AdamW", "Compiled", "GraphBuilder", "HintError", "SGD", "Strategy", "compile", "compile_graph",
+    "Adam", "AdamW", "Compiled", "GraphBuilder", "SGD", "Strategy", "compile", "compile_graph",
     "from_torch", "models", "presets",
     # ground truth: the same steps in plain single-device PyTorch
     "compare_with_torch", "torch_steps",

@@ -2,6 +2,12 @@
 
 OneFlow silently sorts the ranks of a placement (their issue #9727); we never do, because the
 order of ranks on a mesh axis is the order of pieces of a split tensor.
+
+The device type may be left unbound (``None``, or ``"any"`` as written): presets, search results and
+``Placement(ranks=...)`` are device-free, and the device is bound when a step is compiled for one
+(``bind_device``) or run on a cluster (the cluster's device). Where an unbound placement is read
+before that, it means: this process's CPU for eager global tensors and in-process execution, the
+Hardware's device in the simulator and the search.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import numpy as np
 from .errors import InputError, InputKeyError, InputTypeError
 
 DEVICE_TYPES = ("cpu", "cuda")
+UNBOUND = "any"  # what a device-free placement may be written as, besides None
 
 
 def _nested_tuple(x) -> tuple | int:
@@ -30,15 +37,19 @@ class Placement:
     """Where a tensor lives: ``Placement("cpu", [[0, 1], [2, 3]], axis_names=("dp", "tp"))``.
 
     ``ranks`` may be an int count (``4`` means ``[0, 1, 2, 3]``), a flat list, or a nested list
-    describing an n-D mesh.
+    describing an n-D mesh. ``device_type`` None (or ``"any"``; ``Placement(ranks=[0, 1])``) leaves the
+    device unbound: the strategy compiles for any device, bound by ``sl.compile(..., device=...)`` or
+    by the cluster that runs the step (``bind``).
     """
 
-    device_type: str
-    ranks: tuple = field()
+    device_type: str | None = None
+    ranks: tuple = field(default=())
     axis_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.device_type not in DEVICE_TYPES:
+        if self.device_type == UNBOUND:
+            object.__setattr__(self, "device_type", None)
+        if self.device_type is not None and self.device_type not in DEVICE_TYPES:
             raise InputError(f"device_type must be one of {DEVICE_TYPES}, got {self.device_type!r}")
         ranks = self.ranks
         if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool):
@@ -72,6 +83,28 @@ class Placement:
             if len(set(names)) != len(names):
                 raise InputError(f"axis_names must be distinct, got {names}")
             object.__setattr__(self, "axis_names", names)
+
+    # --- device ----------------------------------------------------------------------------------
+    @property
+    def bound(self) -> bool:
+        """True when the device type is fixed; False for a device-free placement."""
+        return self.device_type is not None
+
+    def bind(self, device_type: str | None) -> Placement:
+        """This placement on ``device_type``: an unbound one takes it, a bound one must already be on it
+        (an InputError otherwise). ``None`` leaves the placement as it is."""
+        if device_type is None or device_type == self.device_type:
+            return self
+        if device_type not in DEVICE_TYPES:
+            raise InputError(f"device_type must be one of {DEVICE_TYPES}, got {device_type!r}")
+        if self.device_type is not None:
+            raise InputError(f"{self} is for {self.device_type}, not {device_type}; write it device-free "
+                             f"(sl.Placement(None, ...)) to bind it to any device")
+        return Placement(device_type, self.ranks, self.axis_names)
+
+    def unbound(self) -> Placement:
+        """The same mesh with its device left unbound."""
+        return self if self.device_type is None else Placement(None, self.ranks, self.axis_names)
 
     # --- shape of the mesh -------------------------------------------------------------------
     @cached_property

@@ -55,7 +55,8 @@ def _compute_keys(step) -> set:
             if isinstance(a, Compute):
                 ins = shapes[a.name].inputs
                 dtype = (ins or shapes[a.name].outputs)[0].dtype
-                keys.add(op_key(a.op, [m.shape for m in ins], dtype, plan.device_type))
+                # a device-free step (a preset) is priced on the hardware's device: here the cpu it was calibrated on
+                keys.add(op_key(a.op, [m.shape for m in ins], dtype, plan.device_type or "cpu"))
     return keys
 
 

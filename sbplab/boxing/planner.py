@@ -112,10 +112,10 @@ def _validate(shape, sbp: SbpLike, placement: Placement, what: str, dtype: torch
 
 
 @lru_cache(maxsize=4)
-def _default_hardware(device_type: str) -> Hardware:
-    """``Hardware.cpu_box()`` for cpu placements, ``Hardware.h100_node()`` otherwise (made once: equal
-    presets are equal keys, and most plans in a compile ask for the default)."""
-    return Hardware.cpu_box() if device_type == "cpu" else Hardware.h100_node()
+def _default_hardware(device_type: str | None) -> Hardware:
+    """``Hardware.cpu_box()`` for cpu and device-free placements (this machine), ``Hardware.h100_node()``
+    for cuda ones (made once: equal presets are equal keys, and most plans in a compile ask for the default)."""
+    return Hardware.h100_node() if device_type == "cuda" else Hardware.cpu_box()
 
 
 def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placement: Placement,
@@ -125,7 +125,7 @@ def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placem
     ``dst_placement`` (default: the same placement).
 
     SBPs may be strings (``"S(0), B"``), single SBPs on a 1-D mesh, or tuples. ``hardware`` defaults
-    to ``Hardware.cpu_box()`` for cpu placements and ``Hardware.h100_node()`` for cuda ones.
+    to ``Hardware.cpu_box()`` for cpu and device-free placements and ``Hardware.h100_node()`` for cuda ones.
     """
     try:
         shape = tuple(int(n) for n in shape)

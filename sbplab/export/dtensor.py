@@ -139,7 +139,8 @@ def _export(step: Any) -> DTensorExport:
     elif zero and ndim > 1:
         unsupported.append("ZeRO on an n-D mesh: use fully_shard(model, mesh=device_mesh) (HSDP) by hand")
     return DTensorExport(
-        mesh_shape=mesh.shape, mesh_dim_names=names, device_type=mesh.device_type,
+        mesh_shape=mesh.shape, mesh_dim_names=names,
+        device_type=mesh.device_type or "cpu",  # a device-free strategy is written out for cpu, as before
         placements={p: placements_of(nd) for p, nd in params.items()},
         input_placements={n: placements_of(nd) for n, nd in inputs.items()},
         plan=plan, mode=mode, unsupported=unsupported, tp_dim=names[tp] if tp is not None else None,

@@ -108,7 +108,8 @@ class ActorPlan:
 
     world_size: number of ranks (global ranks 0..world_size-1); ranks without actors idle.
     ranks: per rank its RankPlan (a list of actors is accepted too).
-    device_type: "cpu" (Gloo, threads) or "cuda" (NCCL, one GPU per rank, CUDA streams).
+    device_type: "cpu" (Gloo, threads) or "cuda" (NCCL, one GPU per rank, CUDA streams); None: any
+        device (a step compiled device-free), bound by the cluster that runs it.
     micro_batches: micro-batches per step; micro actors fire this many times per step.
     comm_order: the global order of one step's communication (see module doc); None: derived.
     name: shown in traces and errors.
@@ -117,7 +118,7 @@ class ActorPlan:
 
     world_size: int
     ranks: dict[int, RankPlan] = field(default_factory=dict)
-    device_type: str = "cpu"
+    device_type: str | None = "cpu"
     micro_batches: int = 1
     comm_order: tuple[CommSlot, ...] | None = None
     name: str = "plan"
@@ -126,8 +127,8 @@ class ActorPlan:
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise PlanError(f"world_size must be >= 1, got {self.world_size}")
-        if self.device_type not in ("cpu", "cuda"):
-            raise PlanError(f"device_type must be 'cpu' or 'cuda', got {self.device_type!r}")
+        if self.device_type not in ("cpu", "cuda", None):
+            raise PlanError(f"device_type must be 'cpu', 'cuda' or None (any), got {self.device_type!r}")
         if self.micro_batches < 1:
             raise PlanError(f"micro_batches must be >= 1, got {self.micro_batches}")
         ranks: dict[int, RankPlan] = {}
@@ -247,7 +248,7 @@ class ActorPlan:
         return sorted(ps)
 
     def dump(self) -> str:
-        head = f"ActorPlan {self.name!r}: {self.world_size} ranks, {self.device_type}, " \
+        head = f"ActorPlan {self.name!r}: {self.world_size} ranks, {self.device_type or 'any device'}, " \
                f"{self.micro_batches} micro-batches"
         order = "comm order: " + ", ".join(
             f"{s.rank}:{s.actor}" + (f"@{s.micro}" if s.micro >= 0 else "")

@@ -73,7 +73,7 @@ def op_instances(steps: Any, device_type: str,
     found: dict[OpKey, OpInstance] = {}
     for step in _steps_list(steps):
         plan, batch, _ = plan_of(step)
-        if plan.device_type != device_type:
+        if plan.device_type not in (None, device_type):  # None: compiled device-free, runs on any
             raise ValueError(f"calibrate: plan {plan.name!r} runs on {plan.device_type} but the cluster runs "
                              f"{device_type}; op times are measured on the cluster's devices")
         batch.update(batch_shapes(feeds))

@@ -23,6 +23,7 @@ half-finished collective would leave the process groups out of step); a worker t
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import socket
@@ -213,9 +214,13 @@ class LocalCluster:
         plan, batches = plan_and_batches(step, inputs, self.n)
         if plan.world_size > self.n:
             raise InputError(f"plan {plan.name!r} has {plan.world_size} ranks but this cluster has {self.n}")
-        if plan.device_type != self.device_type:
+        if plan.device_type is None:  # compiled device-free: it runs on this cluster's device
+            plan = copy.copy(plan)
+            plan.device_type = self.device_type
+        elif plan.device_type != self.device_type:
             raise InputError(f"plan {plan.name!r} is for {plan.device_type} but this cluster runs "
-                             f"{self.device_type}")
+                             f"{self.device_type}; compile it for {self.device_type!r} (device=...), or device-free "
+                             f"(a preset, a search result or sl.Placement(None, ...), no device=) to run anywhere")
         if self.driver is not None and not self.driver.healthy:
             self._kill()
             self.driver = None

@@ -43,6 +43,7 @@ from ..layout import LayoutError, check_layout, local_shape, numel
 from ..ops.registry import NdSignature, TensorMeta, get_op, local_context
 from ..placement import Placement
 from ..sbp import B, Broadcast, NdSbp, Partial, S, Split
+from ..sim.firing_cost import device_of
 from .box_floors import FloorBoxes
 from .box_prices import BoxPrices
 
@@ -91,6 +92,7 @@ class Pricer:
     def __init__(self, graph: Graph, placement: Placement, hw: Hardware,
                  boxes: BoxPrices | FloorBoxes | None = None, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         self.graph, self.placement, self.hw = graph, placement, hw
+        self.device = device_of(hw)  # a device-free mesh prices its ops on the hardware's device
         self.bucket_bytes = bucket_mb * 2**20  # 0: every gradient reduction runs alone
         self.rank = placement.rank_list[0]
         boxes = boxes or BoxPrices()
@@ -180,7 +182,7 @@ class Pricer:
         except Exception:  # a FLOP formula that cannot take local attrs: scale the global one
             flops = glob_flops * (sum(m.numel for m in lout) / max(1, sum(m.numel for m in outs)))
         nbytes = float(d.bytes_moved(lin, lout))
-        key = op_key(op.type, [m.shape for m in lin], dtype, self.placement.device_type)
+        key = op_key(op.type, [m.shape for m in lin], dtype, self.placement.device_type or self.device)
         fwd = self.hw.op_time(key, flops, nbytes, dtype)[0]
         frac = flops / glob_flops if glob_flops > 0 else nbytes / max(1.0, glob_bytes)
         bwd = 0.0

@@ -30,8 +30,9 @@ class MeshChoice:
     def size(self) -> int:
         return int(np.prod(self.shape))
 
-    def placement(self, device_type: str = "cpu") -> Placement:
-        """Ranks laid out so the axis on the innermost link holds consecutive ranks (one node)."""
+    def placement(self, device_type: str | None = None) -> Placement:
+        """Ranks laid out so the axis on the innermost link holds consecutive ranks (one node); device-free
+        unless ``device_type`` binds it (a searched strategy compiles for any device)."""
         order = sorted(range(len(self.shape)), key=lambda a: self.links[a])  # outer link first
         ranks = np.arange(self.first_rank, self.first_rank + self.size).reshape([self.shape[a] for a in order])
         ranks = np.transpose(ranks, np.argsort(order))

@@ -80,8 +80,10 @@ class Engine:
     """
 
     def __init__(self, plan: ActorPlan, steps: int, work: dict[int, list[float]], cores: int | None,
-                 classes: dict[int, list[int]], busy_extra: dict[int, list[float]] | None = None) -> None:
+                 classes: dict[int, list[int]], busy_extra: dict[int, list[float]] | None = None,
+                 device_type: str | None = None) -> None:
         self.plan, self.steps, self.work, self.cores = plan, steps, work, cores
+        self.device_type = plan.device_type or device_type or "cpu"  # a device-free plan: the hardware's
         self.busy_extra = busy_extra if busy_extra and any(any(row) for row in busy_extra.values()) else None
         self.classes = classes
         M = plan.micro_batches
@@ -119,7 +121,7 @@ class Engine:
         o_start, o_xfer, o_end, o_cause = out.start.append, out.xfer, out.end, out.cause
         o_end_app, o_cause_app, o_xfer_app = o_end.append, o_cause.append, o_xfer.append
         out_rank, out_node, out_lane, out_k = out.rank, out.node, out.lane, out.k
-        cores = self.cores if plan.device_type == "cpu" else None
+        cores = self.cores if self.device_type == "cpu" else None
         extra = self.busy_extra if cores is not None else None
         weight = {r: len(ms) for r, ms in self.classes.items()}
         events: list[tuple[float, int, int]] = []  # (real time, seq, firing id): transfers

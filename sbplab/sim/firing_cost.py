@@ -71,10 +71,23 @@ def _dtype(shapes: ActorShapes):
     return metas[0].dtype if metas else None
 
 
-def compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str,
+def device_of(hw: Hardware) -> str:
+    """The device type ``hw`` describes, which a device-free plan or search prices its ops on: the one its
+    measured op times were taken on, else "cpu" for ranks sharing a machine's cores (``hw.cores``) and
+    "cuda" for a device per rank (the GPU presets)."""
+    measured = {key[3] for key, _ in hw.op_times}
+    if len(measured) == 1:
+        return measured.pop()
+    return "cpu" if hw.cores is not None else "cuda"
+
+
+def compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str | None,
                  cache: dict | None = None) -> FiringCost:
     """Seconds of one firing of a compute-lane actor (kernel time plus the firing overhead); ``cache``
-    is shared by the ranks of one simulation (same op, shapes and attributes: same cost)."""
+    is shared by the ranks of one simulation (same op, shapes and attributes: same cost).
+    ``device_type`` None (a device-free plan): the hardware's device (``device_of``)."""
+    if device_type is None:
+        device_type = device_of(hw)
     if cache is None:
         return _compute_cost(a, shapes, hw, device_type)
     if shapes.attrs is None:  # attributes that cannot be hashed: no sharing

@@ -20,7 +20,7 @@ from ..runtime.actor_plan import ActorPlan
 from ..runtime.fusion import fuse_chains
 from .comm_time import CommInfo
 from .engine import Engine
-from .firing_cost import FiringCost, comm_cost, compute_cost
+from .firing_cost import FiringCost, comm_cost, compute_cost, device_of
 from .prediction import Prediction, memory_fields
 from .register_memory import peak_memory
 from .shapes import batch_shapes, infer_rank_shapes
@@ -80,6 +80,7 @@ def simulate(step: Any, hw: Hardware, *, steps: int = 3,
     last axis's figures. ``hw.cores`` (ranks sharing a machine's cores) slows compute when more ranks
     compute at once than there are cores, and slows transfers that start while the cores compute
     (where the calibration measured it); it applies to CPU plans only (a GPU rank has its own device).
+    A device-free step (a preset compiled without ``device=``) runs on ``hw``'s device (``device_of``).
     """
     plan, batch, known = plan_of(step)
     batch.update(batch_shapes(feeds))
@@ -98,6 +99,7 @@ def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mappi
 def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],
               known: dict[str, CommInfo]) -> Prediction:
     M = plan.micro_batches
+    device = plan.device_type or device_of(hw)  # a device-free plan runs on the hardware's device
     shapes, sent, costs, busy_extra = {}, {}, {}, {}
     shape_cache: dict = {}
     cost_cache: dict = {}
@@ -107,7 +109,7 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
         for a in rp.actors:
             sh = shapes[r][a.name]
             row_c.append(comm_cost(a, r, sh, hw, known) if a.lane == "comm"
-                         else compute_cost(a, sh, hw, plan.device_type, cost_cache))
+                         else compute_cost(a, sh, hw, device, cost_cache))
         costs[r] = row_c
         busy_extra[r] = [c.busy_extra for c in row_c]
         sent[r] = [c.nbytes for c in row_c]
@@ -117,7 +119,7 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
         for i in {i for chain in fuse_chains(plan.ranks[r].actors)[1] for i in chain[1:]}:
             row_c[i] = replace(row_c[i], seconds=row_c[i].seconds - row_c[i].overhead, overhead=0.0)
     work = {r: [c.seconds for c in row_c] for r, row_c in costs.items()}
-    firings = Engine(plan, steps, work, hw.cores, classes, busy_extra).run()
+    firings = Engine(plan, steps, work, hw.cores, classes, busy_extra, device).run()
     step_of = {r: [M if a.scope == "micro" else 0 for a in plan.ranks[r].actors] for r in classes}
     ends = step_ends(firings, step_of, steps)
     lo, hi, n = window(ends)

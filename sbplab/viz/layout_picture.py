@@ -237,7 +237,7 @@ class LayoutPicture:
 
     def text(self) -> str:
         mesh = "x".join(map(str, self.placement.shape))
-        head = f"{self.summary()}  on {self.placement.device_type} mesh {mesh} {self.placement.mesh.tolist()}"
+        head = f"{self.summary()}  on {self.placement.device_type or 'device-free'} mesh {mesh} {self.placement.mesh.tolist()}"
         partial = any(isinstance(x, Partial) for x in self.sbp)
         note = "  (a+b: partial values, reduced to the tensor; a,b: copies)" if partial else ""
         return f"{head}\n{self.grid_text()}{note}\n{self.rank_table()}"

@@ -229,7 +229,7 @@ def layout_svg(pic: LayoutPicture) -> str:
     svg = _Svg()
     pl = pic.placement
     svg.text(PAD, 16, pic.summary(), size=12, cls="title", weight="bold")
-    svg.text(PAD, 31, f"SBP {fmt_sbp(pic.sbp)} on {pl.device_type} mesh "
+    svg.text(PAD, 31, f"SBP {fmt_sbp(pic.sbp)} on {pl.device_type or 'device-free'} mesh "
              f"{'x'.join(map(str, pl.shape))} {mesh_text(pic)}", size=10, cls="subtitle")
     y = _tensor_view(svg, pic, pic_id, 40)
     y = _device_view(svg, pic, pic_id, y + 4)

@@ -80,7 +80,7 @@ class MoveKind(StepKind):
     def run_in_process(self, step: BoxingStep, shards: Shards, shape: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Each destination rank assembles its shard from exactly the regions sent to it."""
         src_pl, dst_pl = step.src_placement, step.placement
-        device = torch.device(dst_pl.device_type)
+        device = torch.device(dst_pl.device_type or "cpu")  # device-free: this process's CPU
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"this plan moves shards to {dst_pl}, but this process has no CUDA device")
         like = next(iter(shards.values()))

@@ -7,6 +7,10 @@ default; pass your own globs for other models) and paired only where the graph a
 op between them must keep the split without communication (``megatron.find_pairs``). A LayerNorm or
 a residual add in between leaves both layers replicated; ``strategy.explain(model)`` says which
 layers were paired and why the others were not.
+
+Presets are device-free: their placements leave the device unbound, so one preset compiles for cpu or
+cuda (``sl.compile(..., device=...)``, ``bind_device``) or runs on whatever cluster runs it. A
+``Placement`` passed in keeps the device it was written with.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ ROW = ("*fc2", "*.proj", "*conv2")  # weight split by input features; output is 
 
 
 def as_mesh(mesh: Placement | int | Sequence[int], axis_names: tuple[str, ...] | None = None) -> Placement:
-    """``4`` -> a 1-D cpu mesh of 4 ranks; ``(2, 2)`` -> a 2x2 cpu mesh; placements pass through."""
+    """``4`` -> a 1-D mesh of 4 ranks; ``(2, 2)`` -> a 2x2 mesh, both device-free; placements pass through."""
     if isinstance(mesh, Placement):
         return mesh
     if isinstance(mesh, int) and not isinstance(mesh, bool):
-        return Placement("cpu", mesh, axis_names)
+        return Placement(None, mesh, axis_names)
     shape = tuple(mesh) if isinstance(mesh, (tuple, list)) else ()
     if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape):
         raise InputError(f"a mesh is a rank count (4), a mesh shape of ints >= 1 ((2, 2)) or an sl.Placement; "
@@ -39,7 +43,7 @@ def as_mesh(mesh: Placement | int | Sequence[int], axis_names: tuple[str, ...] |
     ranks: list = list(range(n))
     for s in reversed(shape[1:]):
         ranks = [ranks[i:i + s] for i in range(0, len(ranks), s)]
-    return Placement("cpu", ranks, axis_names)
+    return Placement(None, ranks, axis_names)
 
 
 def _nd(axis: int, ndim: int, x) -> tuple:
@@ -118,11 +122,12 @@ def zero(mesh: Placement | int, shard_params: bool = True, micro_batches: int = 
 
 def pipeline(stages: int, micro_batches: int, ranks_per_stage: int | Sequence[int] = 1, inner: str = "none",
              stage_of: dict[str, int] | None = None, column: Sequence[str] = COLUMN,
-             row: Sequence[str] = ROW) -> Strategy:
+             row: Sequence[str] = ROW, device_type: str | None = None) -> Strategy:
     """``stages`` pipeline stages on consecutive ranks, ``micro_batches`` per step.
 
     Inside each stage: ``inner`` = "none" (one rank), "dp", "tp", "zero" (a 1-D mesh of
-    ``ranks_per_stage``) or "dp_tp" (a 2-D mesh, ``ranks_per_stage=(dp, tp)``).
+    ``ranks_per_stage``) or "dp_tp" (a 2-D mesh, ``ranks_per_stage=(dp, tp)``). The stages are
+    device-free unless ``device_type`` ("cpu", "cuda") binds them.
     """
     if stages < 1:
         raise InputError(f"pipeline needs stages >= 1, got {stages}")
@@ -139,7 +144,7 @@ def pipeline(stages: int, micro_batches: int, ranks_per_stage: int | Sequence[in
         ranks: list = list(range(i * k, (i + 1) * k))
         for s in reversed(shape[1:]):
             ranks = [ranks[j:j + s] for j in range(0, len(ranks), s)]
-        placements.append(Placement("cpu", ranks))
+        placements.append(Placement(device_type, ranks))
     nd = len(shape)
     st = Strategy(placements[0], stages=placements, stage_of=dict(stage_of or {}), micro_batches=micro_batches,
                   name=f"pipeline {stages} stages x {micro_batches} micro-batches" + (f", {inner} inside" if inner != "none" else ""))

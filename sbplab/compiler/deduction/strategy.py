@@ -9,6 +9,10 @@ parameter gathered to ``B`` for use). Everything not hinted is deduced.
 A *signature* hint (``Strategy.signature``) names ops instead of tensors: those ops take the given
 n-D signature, and deduction boxes their inputs to fit (see ``signature_hints``).
 
+A strategy's placements may leave their device unbound (presets, search results, ``Placement(None,
+...)``): ``bind_device(strategy, "cuda")`` binds them when a step is compiled for a device; a step
+compiled device-free is bound by the cluster that runs it.
+
 A hint a user writes must match something: a pattern that matches nothing is a ``HintError`` that
 suggests close names. Presets' hints are ``required=False`` (their globs cover several model
 families), and their Megatron pairs come from ``MegatronRule``s, resolved against the graph. What
@@ -21,14 +25,14 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, InputTypeError
 from ...layout import LayoutError, check_layout
 from ...ops.signature_text import HintError  # noqa: F401  (defined below the compiler: SignatureError is one)
-from ...placement import Placement
+from ...placement import DEVICE_TYPES, Placement
 from ...sbp import NdSbp, as_nd_sbp, fmt_sbp
 from ..ir import ROLES, Graph
 
@@ -111,6 +115,25 @@ class Strategy:
             for s in self.stage_of.values():
                 if not 0 <= s < len(self.stages):
                     raise InputError(f"stage_of names stage {s}, but there are {len(self.stages)} stages")
+        written = {p.device_type for p in self.placements} - {None}
+        if len(written) == 1 and any(not p.bound for p in self.placements):  # a device written once binds the rest
+            self._bind(written.pop())
+
+    @property
+    def placements(self) -> list[Placement]:
+        """Every placement of the strategy: the default one, then the stages'."""
+        return [self.placement, *(self.stages or ())]
+
+    @property
+    def device_type(self) -> str | None:
+        """The device its placements are bound to; None while the strategy is device-free."""
+        devices = {p.device_type for p in self.placements}
+        return devices.pop() if len(devices) == 1 else None
+
+    def _bind(self, device_type: str) -> None:
+        self.placement = self.placement.bind(device_type)
+        if self.stages is not None:
+            self.stages = [p.bind(device_type) for p in self.stages]
 
     @property
     def mesh_ndim(self) -> int:
@@ -217,6 +240,33 @@ class Strategy:
                 table.setdefault(name, (nd, h))
         self.report = report
         return store, use
+
+
+def bind_device(strategy: Strategy, device_type: str | None) -> Strategy:
+    """``strategy`` with its device-free placements bound to ``device_type`` ("cpu" or "cuda"), as a new
+    Strategy (the hints and rules are shared, the report is not); ``strategy`` itself when
+    ``device_type`` is None or nothing needs binding. A placement already bound to another device is an
+    InputError: a strategy written for cpu does not compile for cuda.
+
+    ``sl.compile(..., device=...)`` calls it; a step compiled device-free gets its device from the
+    cluster that runs it."""
+    if not isinstance(strategy, Strategy):
+        raise InputTypeError(f"bind_device needs an sl.Strategy, got {type(strategy).__name__}")
+    if device_type is None:
+        return strategy
+    if device_type not in DEVICE_TYPES:
+        raise InputError(f"device must be one of {DEVICE_TYPES} or None (device-free), got {device_type!r}")
+    other = sorted({p.device_type for p in strategy.placements} - {None, device_type})
+    if other:
+        raise InputError(f"strategy {strategy.name!r} places ops on {', '.join(other)}, so it cannot be compiled for "
+                         f"{device_type}; write its placements device-free (sl.Placement(None, ...), or a preset) to "
+                         f"compile it for any device")
+    if all(p.device_type == device_type for p in strategy.placements):
+        return strategy
+    bound = replace(strategy, hints=list(strategy.hints), stage_of=dict(strategy.stage_of),
+                    signatures=list(strategy.signatures), megatron=list(strategy.megatron), report=None)
+    bound._bind(device_type)
+    return bound
 
 
 def _by_role(graph: Graph) -> dict[str | None, list[str]]:
