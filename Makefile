@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned so a machine with a local CPU wheel uses it; elsewhere pip brings the CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[notebook,dev]"
+	$(PY) -m pip install -q -e ".[notebook,dev,test]"
 	touch $(STAMP)
 
 demo: setup

@@ -149,7 +149,7 @@ def get_op(name: str) -> OpDef:
     try:
         return REGISTRY[name]
     except KeyError:
-        if isinstance(name, str) and name.count(".") == 2:  # "aten.mm.default": made from torch.ops on first use
+        if isinstance(name, str) and name.count(".") == 2 and all(name.split(".")):  # "aten.mm.default"
             from .aten import UnknownAtenOp, make_aten_opdef
 
             try:

@@ -33,9 +33,10 @@ import torch.nn as nn
 
 from ...errors import SbplabError
 from ...gc_pause import without_gc
-from ...ops.aten.calls import DeviceSlot, Slot
+from ...ops.aten.calls import DeviceSlot, Slot, library_of
 from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
+from .aten_decomp import decompositions
 from .fx_trace import source_of
 
 SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
@@ -49,18 +50,6 @@ class CaptureError(GraphError):
 
 class ReplicatedOpWarning(UserWarning):
     """An op has no SBP rule: it runs whole (replicated) on every rank."""
-
-
-def _decompositions() -> dict:
-    from torch._decomp import get_decompositions
-
-    a = torch.ops.aten
-    return get_decompositions([
-        a.nll_loss_forward, a.nll_loss_backward, a.nll_loss2d_forward, a.nll_loss2d_backward,
-        a.mean.dim, a.mean.default, a.var_mean.correction, a._native_batch_norm_legit_functional,
-        a._native_batch_norm_legit_no_training, a.native_batch_norm_backward, a.native_group_norm,
-        a.native_group_norm_backward, a.mse_loss, a.mse_loss_backward,
-    ])
 
 
 class _Step(nn.Module):
@@ -85,8 +74,9 @@ def _loss_of(out: Any) -> torch.Tensor:
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
         loss = out.get("loss")
-    if loss is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        loss = out[0]
+    if loss is None and isinstance(out, (tuple, list)):  # (logits, loss), as nanoGPT returns
+        scalars = [x for x in out if isinstance(x, torch.Tensor) and x.dim() == 0]
+        loss = scalars[0] if len(scalars) == 1 else None
     if not isinstance(loss, torch.Tensor):
         raise CaptureError(f"the model returned {type(out).__name__} with no loss: pass loss_fn=..., or call it "
                            f"so it computes its own loss (a transformers model with labels=...)")
@@ -131,7 +121,7 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
     try:
         ep = torch.export.export(step, flat, strict=False)
         with contextlib.ExitStack() as stack:
-            joint = aot_export_joint_with_descriptors(stack, ep.module(), flat, decompositions=_decompositions())
+            joint = aot_export_joint_with_descriptors(stack, ep.module(), flat, decompositions=decompositions())
     except SbplabError:
         raise
     except Exception as e:  # noqa: BLE001  (torch's own tracing errors, reworded with what to do)
@@ -236,6 +226,9 @@ def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated
     inputs: list[str] = []
     attrs = {"args": _template(tuple(node.args), env, inputs),
              "kwargs": tuple((k, _template(v, env, inputs)) for k, v in node.kwargs.items())}
+    lib = library_of(name)
+    if lib:  # workers import it to find the op
+        attrs["lib"] = lib
     backward = node.meta.get("partitioner_tag") == "is_backward"
     module = _module_of(node)
     seq = node.meta.get("seq_nr")

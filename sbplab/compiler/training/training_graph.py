@@ -111,5 +111,17 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
     seed = g.op_by_name["loss.seed"]
     seed.attrs = {**seed.attrs, "value": 1.0 / micro_batches}  # d(mean over micro-batches)/d(loss)
     attach_gradients(g, grads, micro_batches)
+    if micro_batches > 1:
+        _buffer_updates_per_step(g, micro_batches)
     (optimizer or SGD()).build(g)
     return g
+
+
+def _buffer_updates_per_step(g: Graph, micro_batches: int) -> None:
+    """A buffer a forward updates (BatchNorm's running statistics) is replaced once per step, by the
+    mean of its micro-batches' new values. (torch with gradient accumulation updates it once per
+    micro-batch; the two differ in the running statistics only, never in the losses or gradients.)"""
+    for state, new in list(g.state_updates.items()):
+        node = g.add_op("acc", [new], {"scale": 1.0 / micro_batches}, phase="backward", role="state",
+                        out_names=[g.fresh_name(f"{state}.next")], module=g.tensors[state].module)
+        g.state_updates[state] = node.outputs[0]

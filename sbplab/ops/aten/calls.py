@@ -54,6 +54,31 @@ def overload(name: str) -> torch._ops.OpOverload:
     raise UnknownAtenOp(name)
 
 
+def resolve(name: str, lib: str | None = None) -> torch._ops.OpOverload:
+    """``overload(name)``, importing ``lib`` first when that is what registers it (a worker process has
+    not imported the module that defines a library's custom op: the captured call names it)."""
+    try:
+        return overload(name)
+    except UnknownAtenOp:
+        if not lib:
+            raise
+        importlib.import_module(lib)
+        return overload(name)
+
+
+def library_of(name: str) -> str | None:
+    """The Python module that registered custom op ``name`` (``transformers.integrations.moe`` for
+    ``transformers.grouped_mm_fallback.default``), or None for ATen and unknown ops."""
+    ns, op, _ = name.split(".")
+    if ns in ("aten", "prims"):
+        return None
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(f"{ns}::{op}")
+    fn = getattr(opdef, "_init_fn", None)
+    return getattr(fn, "__module__", None)
+
+
 def fill(template: Any, tensors: list, device: Any) -> Any:
     """The template with each ``Slot`` replaced by its tensor and ``DeviceSlot`` by ``device``."""
     if isinstance(template, Slot):
@@ -67,7 +92,7 @@ def fill(template: Any, tensors: list, device: Any) -> Any:
 
 def call(name: str, attrs: dict, tensors: list, device: Any = None) -> tuple:
     """Run the op on ``tensors`` with its template; always a tuple of tensors (None outputs kept)."""
-    fn = overload(attrs.get("op", name))  # a rule's localize may swap the overload (arange)
+    fn = resolve(attrs.get("op", name), attrs.get("lib"))  # a rule's localize may swap the overload (arange)
     args = fill(attrs["args"], tensors, device)
     kwargs = dict(fill(attrs.get("kwargs", ()), tensors, device))
     out = fn(*args, **kwargs)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sbp import B
+from ...sbp import B, Partial
 from ..registry import REGISTRY, LocalContext, Signature, TensorMeta
 from . import family_factory as fac
 from . import family_linalg as la
@@ -43,6 +43,9 @@ class Rule:
 
     def signatures(self, ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
         sigs = self.sig_fn(self.name, ins, outs, attrs)
+        dtype = dict(attrs.get("kwargs", ())).get("dtype")
+        if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:  # a cast to integers is not linear
+            sigs = [s for s in sigs if not any(isinstance(x, Partial) for x in s.inputs)]
         empty = [m.numel == 0 for m in outs]
         if any(empty):  # outputs the op leaves None are placeholders: never split
             sigs = [Signature(s.inputs, tuple(B if e else x for x, e in zip(s.outputs, empty))) for s in sigs]
