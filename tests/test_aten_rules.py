@@ -65,7 +65,7 @@ def _check(name: str, metas: tuple, attrs: dict, placement: Placement, sig: NdSi
             continue
         got = assemble({r: o[j] for r, o in outs.items()}, placement, nd)
         tol = dict(atol=1e-3, rtol=1e-3) if w.dtype.is_floating_point else dict(atol=0, rtol=0)
-        torch.testing.assert_close(got, w, **tol, equal_nan=True, msg=lambda m: f"{name} {sig} output {j}: {m}")
+        torch.testing.assert_close(got, w, **tol, equal_nan=True, msg=lambda m, j=j: f"{name} {sig} output {j}: {m}")
 
 
 def test_the_corpus_has_the_families():

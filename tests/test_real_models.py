@@ -55,4 +55,4 @@ def test_real_model_trains_like_torch(cluster, name, strategy):
         if id(p) in seen:
             continue
         seen.add(id(p))
-        torch.testing.assert_close(got[fqn], p.detach(), atol=2e-5, rtol=1e-4, msg=lambda m: f"{fqn}: {m}")
+        torch.testing.assert_close(got[fqn], p.detach(), atol=2e-5, rtol=1e-4, msg=lambda m, fqn=fqn: f"{fqn}: {m}")
