@@ -177,14 +177,6 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "InputTypeError", ("load_into", "torch.nn.Module", "int")),
     ("Running a compiled step", "load_into of a run without parameters", "sl.runtime.RunResult().load_into(model)",
      "InputError", ("no parameters", "params=False")),
-]
-
-# Bad optimizers given to sl.compile. ``as_optimizer`` (compiler/training/optim.py) refuses them with
-# the sbplab optimizer to write instead, but sl.compile does not call it yet: the one line
-# ``(optimizer or SGD()).build(g)`` in ``training_graph`` (compiler/training/training_graph.py) must
-# become ``as_optimizer(optimizer).build(g)``. Until then these raise AttributeError; once it is
-# there, move them into CASES (the xfail below is strict: it fails as soon as they pass).
-OPTIMIZER_CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("Compiling", "a torch.optim optimizer",
      "sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, "
      "optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))",
@@ -267,16 +259,6 @@ def test_as_optimizer_refuses_torch_optimizers_and_names_naming_the_sbplab_one()
             raise AssertionError(f"as_optimizer({bad!r}) accepted it")
     sgd = sl.SGD(lr=0.1)
     assert as_optimizer(sgd) is sgd and as_optimizer(None) == sl.SGD()
-
-
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="sl.compile does not call as_optimizer yet (training_graph.py, not this file's owner)")
-@pytest.mark.parametrize("section, what, code, cls, words", OPTIMIZER_CASES, ids=[c[1] for c in OPTIMIZER_CASES])
-def test_compile_refuses_an_optimizer_that_is_not_sbplabs(setup_ns, section, what, code, cls, words):
-    err = run_case(code, setup_ns)
-    if isinstance(err, AttributeError):
-        raise err
-    _check_refusal(err, code, cls, words)
 
 
 def _builtin_base(cls: type) -> str:

@@ -26,7 +26,7 @@ from ..runtime.actor_plan import ActorPlan
 from ..runtime.results import Batches
 from .deduction.deduce import Deduction, deduce
 from .deduction.presets import as_mesh
-from .deduction.strategy import Strategy
+from .deduction.strategy import Strategy, bind_device
 from .ir import Graph
 from .lowering.feeds import step_feeds
 from .lowering.to_actors import lower_to_actors
@@ -34,6 +34,7 @@ from .physical.expand import lower
 from .physical.graph import PhysicalGraph
 from .physical.local_executor import LocalExecutor, initial_shards
 from .physical.memory import MemoryReport, memory_report
+from .training.optim import as_optimizer
 from .training.training_graph import trace_training_graph, training_graph
 
 
@@ -102,9 +103,9 @@ class Compiled:
 
 
 def compile_graph(graph: Graph, optimizer: Any = None, strategy: Strategy | None = None,
-                  hardware: Hardware | None = None) -> Compiled:
+                  hardware: Hardware | None = None, device: str | None = None) -> Compiled:
     """Training graph (backward, optimizer) of a forward ``graph`` with a loss, deduced and lowered."""
-    strategy = strategy or Strategy(as_mesh(1), name="single device")
+    strategy = bind_device(strategy or Strategy(as_mesh(1), name="single device"), device)
     return compile_training_graph(training_graph(graph, strategy.micro_batches, optimizer), strategy, hardware)
 
 
@@ -117,7 +118,7 @@ def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | No
 
 def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None = None,
             target: torch.Tensor | None = None, optimizer: Any = None, strategy: Strategy | None = None,
-            hardware: Hardware | None = None, capture: str = "auto") -> Compiled:
+            hardware: Hardware | None = None, capture: str = "auto", device: str | None = None) -> Compiled:
     """Trace ``module`` and compile its training step under ``strategy``.
 
     ``example_inputs`` and ``target`` are one full batch; with M micro-batches the module is traced
@@ -129,6 +130,8 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
     capture: "aten" (torch.export + torch's autograd, any model), "fx" (sbplab's own op library and
         gradient rules), "auto" (fx where it maps the whole model, else aten); see
         ``trace_training_graph``.
+    device: "cpu" or "cuda" binds a device-free strategy (presets, search results) here; None leaves it
+        device-free, bound by the cluster that runs it.
     """
     if not isinstance(module, torch.nn.Module):
         raise InputTypeError(f"sl.compile needs a torch.nn.Module (for a hand-built graph use sl.compile_graph), "
@@ -136,7 +139,8 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
     if strategy is not None and not isinstance(strategy, Strategy):
         raise InputTypeError(f"sl.compile: strategy must be an sl.Strategy (sl.presets.data_parallel(2), ...), got "
                              f"{type(strategy).__name__}")
-    strategy = strategy or Strategy(as_mesh(1), name="single device")
+    strategy = bind_device(strategy or Strategy(as_mesh(1), name="single device"), device)
+    optimizer = as_optimizer(optimizer)  # refused before tracing, with the sbplab optimizer to write instead
     g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer,
                              capture=capture)
     return compile_training_graph(g, strategy, hardware)

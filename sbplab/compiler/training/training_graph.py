@@ -15,7 +15,7 @@ import torch
 from ..frontend.from_torch import from_torch
 from ..ir import Graph, GraphError
 from .autodiff import add_backward, attach_gradients
-from .optim import SGD
+from .optim import as_optimizer
 
 
 def as_tensor_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -47,7 +47,7 @@ def training_graph(forward: Graph, micro_batches: int = 1, optimizer: Any = None
     accumulation over ``micro_batches`` and ``optimizer``'s update (SGD by default) added."""
     g = forward.copy()
     add_backward(g, micro_batches)
-    (optimizer or SGD()).build(g)
+    as_optimizer(optimizer).build(g)
     return g
 
 
@@ -113,7 +113,7 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
     attach_gradients(g, grads, micro_batches)
     if micro_batches > 1:
         _buffer_updates_per_step(g, micro_batches)
-    (optimizer or SGD()).build(g)
+    as_optimizer(optimizer).build(g)
     return g
 
 

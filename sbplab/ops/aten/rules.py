@@ -73,7 +73,19 @@ def register_rule(op: str, signatures: Callable[[list[TensorMeta], list[TensorMe
     """
     overload(op)
     RULES[op] = Rule(family, lambda name, ins, outs, attrs: signatures(ins, outs, attrs), op, localize)
-    REGISTRY.pop(op, None)  # the op's OpDef is made again, with this rule
+    forget(op)
+
+
+def forget(op: str) -> None:
+    """Drop ``op``'s OpDef and every answer cached from its old rule (signatures, scores, FLOPs)."""
+    from ...compiler.deduction.caches import clear_caches
+    from ..choose import _local_flops
+    from ..registry import _nd_signatures_cached
+
+    REGISTRY.pop(op, None)  # made again, with the rule now declared
+    _nd_signatures_cached.cache_clear()
+    _local_flops.cache_clear()
+    clear_caches()
 
 
 def _replicated(name: str, ins: list, outs: list, attrs: dict) -> list[Signature]:
