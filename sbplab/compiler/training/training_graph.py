@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ...errors import SbplabError
 from ..frontend.from_torch import from_torch
 from ..ir import Graph, GraphError
 from .autodiff import add_backward, attach_gradients
@@ -81,8 +82,13 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
                                  tensors[len(xs)] if target is not None else None)
         return training_graph(forward, micro_batches, optimizer)
     except Exception as fx_error:
-        if capture == "fx" or isinstance(fx_error, GraphError) and "micro-batch" in str(fx_error):
+        if isinstance(fx_error, GraphError) and "micro-batch" in str(fx_error):
             raise
+        if capture == "fx":
+            if isinstance(fx_error, SbplabError):
+                raise
+            raise GraphError(f"torch.fx could not trace {type(module).__name__}: {type(fx_error).__name__}: "
+                             f"{fx_error}; capture='aten' captures any model torch.export can") from fx_error
         try:
             return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer)
         except GraphError as e:
