@@ -35,7 +35,16 @@ from typing import Any
 
 from ..placement import Placement
 from ..sbp import NdSbp
-from .registry import NdSignature, OpDef, TensorMeta, _freeze, get_op, local_context, nd_signatures
+from .registry import (
+    FORGETTERS,
+    NdSignature,
+    OpDef,
+    TensorMeta,
+    _freeze,
+    get_op,
+    local_context,
+    nd_signatures,
+)
 
 TIME_RESOLUTION_S = 1e-12  # times closer than this are a tie (float sums in another order differ by ulps)
 
@@ -101,6 +110,9 @@ def _local_flops(name: str, in_metas: tuple[TensorMeta, ...], frozen: tuple, sig
     local = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, in_metas)]
     local_attrs = op.localize(dict(attrs), ctx)
     return int(op.flops(local, op.infer(local, local_attrs), local_attrs))
+
+
+FORGETTERS.append(_local_flops.cache_clear)
 
 
 def rank_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict, placement: Placement,

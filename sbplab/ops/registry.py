@@ -136,6 +136,14 @@ class UnknownOpError(SbplabError, KeyError):
 
 
 REGISTRY: dict[str, OpDef] = {}
+FORGETTERS: list[Callable[[], None]] = []  # layers above keep caches of signatures and scores: cleared with these
+
+
+def forget_cached_answers() -> None:
+    """Clear everything cached from ops' rules (a rule changed: ``sl.register_rule``)."""
+    _nd_signatures_cached.cache_clear()
+    for forget in FORGETTERS:
+        forget()
 
 
 def register(op: OpDef) -> OpDef:

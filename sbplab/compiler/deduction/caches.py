@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from ...freeze import freeze  # noqa: F401  (re-exported: ranking and search import it from here)
+from ...ops.registry import FORGETTERS
 
 _MISSING = object()
 
@@ -66,3 +67,6 @@ def clear_caches() -> None:
     """Forget every cached plan, cost and score (they are rebuilt on demand)."""
     for m in (PLANS, COSTS, SCORES):
         m.clear()
+
+
+FORGETTERS.append(clear_caches)  # a rule registered from user code invalidates scored signatures

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ...sbp import B, Partial
-from ..registry import REGISTRY, LocalContext, Signature, TensorMeta
+from ..registry import REGISTRY, LocalContext, Signature, TensorMeta, forget_cached_answers
 from . import family_factory as fac
 from . import family_linalg as la
 from . import family_nn as nn
@@ -78,14 +78,8 @@ def register_rule(op: str, signatures: Callable[[list[TensorMeta], list[TensorMe
 
 def forget(op: str) -> None:
     """Drop ``op``'s OpDef and every answer cached from its old rule (signatures, scores, FLOPs)."""
-    from ...compiler.deduction.caches import clear_caches
-    from ..choose import _local_flops
-    from ..registry import _nd_signatures_cached
-
     REGISTRY.pop(op, None)  # made again, with the rule now declared
-    _nd_signatures_cached.cache_clear()
-    _local_flops.cache_clear()
-    clear_caches()
+    forget_cached_answers()
 
 
 def _replicated(name: str, ins: list, outs: list, attrs: dict) -> list[Signature]:
