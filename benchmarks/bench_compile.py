@@ -7,6 +7,11 @@ per-device peak the compiled step needs, and the compiler process's peak residen
 weights, so no 1.2 GB of parameters are allocated. Goal: nn.Module to actor plan under 1 s and 300 MiB.
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
+    .venv/bin/python benchmarks/bench_compile.py --hf gpt2   # transformers' own model, captured at ATen level
+    .venv/bin/python benchmarks/bench_compile.py --hf llama --layers 32 --width 4096 --heads 32 --vocab 32000
+
+With ``--hf``, the first pass is the ATen capture (torch.export and torch's autograd on fake tensors,
+then the optimizer) of a transformers model built from its config on the meta device.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from sbplab.compiler import Adam, add_backward, deduce, from_torch, lower, presets
 from sbplab.compiler.lowering.to_actors import lower_to_actors
 from sbplab.compiler.physical.memory import memory_report
+from sbplab.compiler.training.training_graph import aten_training_graph
 from sbplab.models import GPT, GPTConfig
 
 
@@ -33,6 +39,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--mesh", default="2x4", help="dp x tp")
+    ap.add_argument("--hf", choices=("gpt2", "llama"), help="a transformers model, captured at ATen level")
     args = ap.parse_args()
     dp, tp = (int(x) for x in args.mesh.split("x"))
     cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
@@ -52,12 +59,21 @@ def main() -> None:
         times[name], cpu[name] = now[0] - clock[0], now[1] - clock[1]
         clock[:] = now
 
-    t0, c0 = clock
-    graph = from_torch(model, (idx,), GPT.loss_fn, idx)
-    done("trace (torch.fx -> logical graph)")
-    add_backward(graph)
-    Adam(lr=1e-4).build(graph)
-    done("autodiff + optimizer")
+    if args.hf:
+        model = _hf_model(args)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0, c0 = clock = [time.perf_counter(), time.process_time()]
+    if args.hf:
+        with torch.device("meta"):
+            ids = torch.zeros(args.batch, args.seq, dtype=torch.int64)
+        graph = aten_training_graph(model, {"input_ids": ids, "labels": ids}, None, None, 1, Adam(lr=1e-4))
+        done("ATen capture (export, joint graph) + optimizer")
+    else:
+        graph = from_torch(model, (idx,), GPT.loss_fn, idx)
+        done("trace (torch.fx -> logical graph)")
+        add_backward(graph)
+        Adam(lr=1e-4).build(graph)
+        done("autodiff + optimizer")
     d = deduce(graph, strategy)
     done("SBP deduction")
     phys = lower(d)
@@ -70,7 +86,7 @@ def main() -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
     n = {ph: len(graph.ops_in(ph)) for ph in ("forward", "backward", "update")}
-    print(f"GPT {args.layers} layers, width {args.width}, {args.heads} heads, vocab {args.vocab}, "
+    print(f"{args.hf or 'GPT'} {args.layers} layers, width {args.width}, {args.heads} heads, vocab {args.vocab}, "
           f"seq {args.seq}, batch {args.batch}; Adam; DP x TP on a {dp}x{tp} mesh")
     print(f"logical ops: {len(graph.ops)} ({n['forward']} forward, {n['backward']} backward, {n['update']} update), "
           f"{len(graph.params)} params, {len(graph.tensors)} tensors")
@@ -78,7 +94,7 @@ def main() -> None:
     print(f"  {'pass':36s} {'wall':>8s}    {'cpu':>8s}     (load average {os.getloadavg()[0]:.2f})")
     for k, v in times.items():
         print(f"  {k:36s} {v * 1e3:8.1f} ms {cpu[k] * 1e3:8.1f} ms")
-    core = sum(v for k, v in times.items() if not k.startswith(("trace", "autodiff")))
+    core = sum(v for k, v in times.items() if not k.startswith(("trace", "autodiff", "ATen")))
     print(f"  {'total':36s} {total * 1e3:8.1f} ms {total_cpu * 1e3:8.1f} ms")
     print(f"deduce + lower + memory + actor plan: {core:.2f} s; nn.Module to actor plan {total:.2f} s "
           f"(goal < 1 s); {sum(len(rp.actors) for rp in plan.ranks.values())} actors")
@@ -88,6 +104,23 @@ def main() -> None:
           f"activations {mem.ranks[0].activations_peak / 2**30:.2f} GiB on rank 0)")
     print(f"compiler process peak RSS (torch included): {rss / 2**20:.0f} MiB; before compiling (torch, sbplab "
           f"and the meta-device model imported and built): {rss_before / 2**20:.0f} MiB")
+
+
+def _hf_model(args: argparse.Namespace) -> torch.nn.Module:
+    """A transformers GPT-2 or Llama of these sizes on the meta device (no weights allocated)."""
+    import transformers as tf
+
+    if args.hf == "gpt2":
+        cfg = tf.GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads, vocab_size=args.vocab,
+                            n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cls = tf.GPT2LMHeadModel
+    else:
+        cfg = tf.LlamaConfig(num_hidden_layers=args.layers, hidden_size=args.width, intermediate_size=4 * args.width,
+                             num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 4),
+                             vocab_size=args.vocab, max_position_embeddings=args.seq)
+        cls = tf.LlamaForCausalLM
+    with torch.device("meta"):
+        return cls(cfg).train()
 
 
 if __name__ == "__main__":

@@ -203,3 +203,20 @@ def test_an_op_without_a_rule_runs_replicated_until_a_rule_is_registered():
     got = [ex.step({"x": x, "target": y}) for _ in range(2)]
     want, _ = _torch_losses(model, {"x": x}, F.cross_entropy, y, 2)
     assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_a_model_on_the_meta_device_compiles_without_allocating(gpt2_graph):
+    """Built on the meta device, the model is traced as fake tensors: the same graph as a real model's,
+    gradients included (a meta kernel of nll_loss would bypass autograd), and nothing allocated."""
+    import transformers as tf
+
+    b = corpus.build("gpt2")
+    with torch.device("meta"):
+        meta_model = tf.GPT2LMHeadModel(b.model.config).train()
+        ids = torch.zeros(b.inputs["input_ids"].shape, dtype=torch.long)
+    step = sl.compile(meta_model, {"input_ids": ids, "labels": ids}, strategy=sl.presets.zero(2))
+    g = step.graph
+    assert len(g.ops_in("backward")) > 100 and set(g.grads) == set(g.params)
+    assert [op.type for op in g.ops] == [op.type for op in gpt2_graph.ops]
+    assert all(g.tensors[p].value.device.type == "meta" for p in g.params)
+    assert step.memory.ranks[0].params > 0

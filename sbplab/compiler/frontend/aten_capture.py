@@ -22,7 +22,9 @@ and a loss with ``ignore_index`` divides by a count that only the whole batch kn
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -58,9 +60,16 @@ class _Step(nn.Module):
     def __init__(self, model: nn.Module, loss_fn: Callable | None, n_args: int, kw_names: tuple[str, ...]):
         super().__init__()
         self.m, self.loss_fn, self.n_args, self.kw_names = model, loss_fn, n_args, kw_names
+        try:
+            takes = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            takes = {}
+        self.no_cache = "use_cache" in takes and "use_cache" not in kw_names  # transformers models
 
     def forward(self, *flat):
         args, kw = flat[: self.n_args], dict(zip(self.kw_names, flat[self.n_args: self.n_args + len(self.kw_names)]))
+        if self.no_cache:  # a training step never reads a KV cache; building one would only cost memory
+            kw["use_cache"] = False
         out = self.m(*args, **kw)
         if self.loss_fn is not None:
             return self.loss_fn(out, *flat[self.n_args + len(self.kw_names):])
@@ -81,6 +90,26 @@ def _loss_of(out: Any) -> torch.Tensor:
         raise CaptureError(f"the model returned {type(out).__name__} with no loss: pass loss_fn=..., or call it "
                            f"so it computes its own loss (a transformers model with labels=...)")
     return loss
+
+
+DATA_DEPENDENT = ("data-dependent", "DataDependent", "Could not guard", "Could not extract specialized integer")
+
+
+def _capture_failure(model: nn.Module, e: Exception) -> str:
+    """torch.export's failure as: what failed, the user's line that caused it, what to do."""
+    text = str(e).strip()
+    where = ""
+    for frame in traceback.extract_tb(e.__traceback__):
+        if "/torch/" not in frame.filename and "/sbplab/" not in frame.filename:
+            where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}  {(frame.line or '').strip()}"
+    if any(k in text or k in type(e).__name__ for k in DATA_DEPENDENT):
+        todo = ("Data-dependent Python control flow (an `if` on a tensor's value) cannot be captured; rewrite it "
+                "with torch.where or torch.cond")
+    else:
+        todo = ("A model torch.export cannot trace cannot be captured at ATen level; capture='fx' maps sbplab's own "
+                "op library instead")
+    return (f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
+            f"{text.splitlines()[0] if text else ''}" + (f"\n  at {where}" if where else "") + f"\n  {todo}.")
 
 
 def _input_names(model: nn.Module, n_args: int) -> list[str]:
@@ -115,21 +144,46 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
     micro-batches)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    step = _Step(model, loss_fn, len(args), tuple(kwargs))
     flat = (*args, *kwargs.values(), *targets)
+    traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, flat)
+    step = _Step(traced, loss_fn, len(args), tuple(kwargs))
     names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
     try:
-        ep = torch.export.export(step, flat, strict=False)
+        ep = torch.export.export(step, traced_flat, strict=False)
         with contextlib.ExitStack() as stack:
-            joint = aot_export_joint_with_descriptors(stack, ep.module(), flat, decompositions=decompositions())
+            joint = aot_export_joint_with_descriptors(stack, ep.module(), traced_flat, decompositions=decompositions())
     except SbplabError:
         raise
     except Exception as e:  # noqa: BLE001  (torch's own tracing errors, reworded with what to do)
-        raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}\n  Data-dependent Python control "
-                           f"flow (an `if` on a tensor's value) cannot be captured; rewrite it with torch.where or "
-                           f"torch.cond, or compile the module without it.") from e
+        raise CaptureError(_capture_failure(model, e)) from e
     return _to_graph(joint.graph_module, model, names, flat)
+
+
+def _on_meta(model: nn.Module, flat: tuple) -> bool:
+    tensors = [*model.parameters(), *model.buffers(), *flat]
+    return any(t.device.type == "meta" for t in tensors)
+
+
+def _fake_copy(model: nn.Module, flat: tuple) -> tuple[nn.Module, tuple]:
+    """A model on the meta device, as a copy whose parameters, buffers and inputs are fake CPU tensors.
+
+    Some ops have meta kernels that bypass autograd (``nll_loss``: its gradient would be lost), so a
+    meta model is traced as fake tensors instead; neither allocates a parameter or an activation,
+    which is what lets a model of billions of parameters compile on a laptop.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake = copy.deepcopy(model)
+    with FakeTensorMode():
+        for mod in fake.modules():
+            for k, p in list(mod._parameters.items()):
+                if p is not None:
+                    mod._parameters[k] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad)
+            for k, b in list(mod._buffers.items()):
+                if b is not None:
+                    mod._buffers[k] = torch.empty(b.shape, dtype=b.dtype)
+        inputs = tuple(torch.zeros(x.shape, dtype=x.dtype) for x in flat)
+    return fake, inputs
 
 
 def _to_graph(gm: fx.GraphModule, model: nn.Module, input_names: list[str], flat: tuple) -> tuple[Graph, dict]:
