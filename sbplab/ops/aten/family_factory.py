@@ -4,11 +4,19 @@ split output costs nothing; ``arange`` shifts its range to the rank's piece."""
 from __future__ import annotations
 
 from ..registry import LocalContext, Signature, TensorMeta
-from ._common import B, S, arg, sig
+from ._common import B, P, S, arg, sig
 
 
 def factory_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
-    return [sig([B] * len(ins), [S(d)]) for d in range(len(outs[0].shape)) if outs[0].shape[d] > 1]
+    """The output split any way; a ``new_*`` op reads only its input's dtype and device, so that input
+    may come split or partial for a whole (B) output, and split like the output when it has its shape."""
+    out = outs[0].shape
+    sigs = [sig([B] * len(ins), [S(d)]) for d in range(len(out)) if out[d] > 1]
+    if len(ins) == 1:
+        x = ins[0].shape
+        sigs += [sig([S(d)], [B]) for d in range(len(x)) if x[d] > 1] + [sig([P], [B])]
+        sigs += [sig([S(d)], [S(d)]) for d in range(len(x)) if x == out and x[d] > 1]
+    return sigs
 
 
 def arange_localize(name: str):

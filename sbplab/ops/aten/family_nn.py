@@ -82,10 +82,77 @@ def channels_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[S
             for d in (0, 1) if nd >= 3 and ins[0].shape[d] > 1]
 
 
-def gather_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+def gather_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict,
+                      gather: bool = False) -> list[Signature]:
     """gather / scatter (x, dim, index[, src]): split a dim other than ``dim`` where every input has the
-    size x has (then each rank's rows of x, index and src are the same rows)."""
+    size x has (then each rank's rows of x, index and src are the same rows). A gather also splits
+    its index along ``dim``, x whole: each output element reads x at its own other coordinates, so
+    only the gathered dim may lose its position."""
     x = ins[0].shape
     dim = arg(attrs, 1, "dim") % len(x)
-    return [sig([S(d)] * len(ins), [S(d)]) for d in range(len(x))
+    sigs = [sig([S(d)] * len(ins), [S(d)]) for d in range(len(x))
             if d != dim and x[d] > 1 and all(len(m.shape) == len(x) and m.shape[d] == x[d] for m in ins)]
+    if gather and ins[1].shape[dim] > 1:
+        sigs.append(sig([B, S(dim)], [S(dim)]))
+    return sigs
+
+
+def _one_index(attrs: dict, n_ins: int) -> int | None:
+    """Where the single index tensor of ``x[..., idx, ...]`` sits in the indices list (the rest None),
+    or None when there are several."""
+    slots = [k for k, t in enumerate(arg(attrs, 1, "indices")) if t is not None]
+    return slots[0] if len(slots) == 1 and n_ins >= 2 else None
+
+
+def index_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    """index.Tensor ``x[..., i0, i1, ...]`` with index tensors at adjacent positions p..q (their
+    broadcast shape replaces those dims): a dim of x not indexed splits as the output dim it becomes,
+    the indices whole; an index tensor splits a dim the others broadcast into (size 1 or missing),
+    as the output dim it becomes, x whole; x partial passes (a selection is linear)."""
+    x, n = ins[0].shape, len(ins)
+    sigs = [sig([P] + [B] * (n - 1), [P])]
+    where = [(k, t.index) for k, t in enumerate(arg(attrs, 1, "indices")) if t is not None]
+    pos = [k for k, _ in where]
+    if not where or pos != list(range(pos[0], pos[0] + len(pos))):
+        return sigs  # apart, torch moves the broadcast dims to the front
+    p, r = pos[0], max(len(ins[i].shape) for _, i in where)
+    sigs += [sig([S(d)] + [B] * (n - 1), [S(d if d < p else d - len(pos) + r)])
+             for d in range(len(x)) if d not in pos and x[d] > 1]
+    for _, i in where:
+        m = ins[i].shape
+        for j in range(len(m)):
+            b = r - len(m) + j  # the broadcast dim
+            others = [ins[o].shape for _, o in where if o != i]
+            if m[j] > 1 and all(len(o) - r + b < 0 or o[len(o) - r + b] == 1 for o in others):
+                sigs.append(sig([S(j) if k == i else B for k in range(n)], [S(p + b)]))
+    return sigs
+
+
+def index_put_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    """index_put(x, (idx,), values[, accumulate]) with one index tensor at position p: a dim of x
+    other than p splits with the values' dim it meets (or whole values where they broadcast), the
+    index whole; x and values partial together pass (written or added, the sums agree)."""
+    x, p = ins[0].shape, _one_index(attrs, len(ins))
+    sigs = [sig([P, B, P], [P])] if len(ins) == 3 else []
+    if p is None or len(ins) != 3:
+        return sigs
+    k, v = len(ins[1].shape), ins[2].shape
+    put = len(x) - 1 + k  # the rank of x[idx], which values broadcast to
+    for d in range(len(x)):
+        if d == p or x[d] <= 1:
+            continue
+        j = len(v) - put + (d if d < p else d - 1 + k)
+        if j < 0 or v[j] == 1:
+            sigs.append(sig([S(d), B, B], [S(d)]))
+        elif v[j] == x[d]:
+            sigs.append(sig([S(d), B, S(j)], [S(d)]))
+    return sigs
+
+
+# pooling ops linear in their first input (an average; a backward in its gradient)
+POOL_LINEAR = {"aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default", "aten.avg_pool2d_backward.default",
+               "aten._adaptive_avg_pool2d_backward.default", "aten.max_pool2d_with_indices_backward.default"}
+
+
+def pool_linear_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    return [sig([P] + [B] * (len(ins) - 1), [P] * len(outs))] if name in POOL_LINEAR else []

@@ -21,6 +21,11 @@ LINEAR = {
 }
 
 
+# ops that read only their input's shape (and dtype): a partial input, whole on every rank, gives B
+SHAPE_ONLY = {"aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
+              "aten.empty_like.default"}
+
+
 def _adds_nonzero(name: str, attrs: dict) -> bool:
     """``x + 1`` is not linear in x: each rank would add the 1 again. Only adding 0 passes P."""
     if name not in ("aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar", "aten.sub.Scalar",
@@ -43,6 +48,8 @@ def pointwise_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta
             per_in.append(S(k) if k >= 0 and m.shape[k] == out.shape[d] else B)
         outs_s = [S(d) if len(o.shape) == nd else B for o in outs]
         sigs.append(sig(per_in, outs_s))
+    if name in SHAPE_ONLY and ins:
+        sigs.append(sig([P] + [B] * (len(ins) - 1), [B] * len(outs)))
     how = LINEAR.get(name)
     if how is None or _adds_nonzero(name, attrs) or not ins:
         return sigs

@@ -49,3 +49,11 @@ def along_dim_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta
     if linear_in is not None:
         sigs.append(sig([P if i == linear_in else B for i in range(len(ins))], [P] * len(outs)))
     return sigs
+
+
+def histc_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    """histc(x, bins, min, max): with a fixed range, the histograms of the pieces add up (any split
+    gives P); min == max (both 0 by default) takes the range from the data, which no piece knows."""
+    if arg(attrs, 2, "min", 0) == arg(attrs, 3, "max", 0):
+        return []
+    return [sig([S(d)], [P]) for d in range(len(ins[0].shape)) if ins[0].shape[d] > 1]

@@ -72,6 +72,18 @@ def keep_other_dims(nd: int, dim: int) -> dict[int, int]:
     return {d: d for d in range(nd) if d != dim}
 
 
+def slice_map(name: str, ins: list[TensorMeta], attrs: dict) -> dict[int, int]:
+    """slice / split / narrow keep the other dims; a slice that keeps the whole dim (start 0, step 1,
+    end past it) is the identity, so that dim splits too (each rank's slice is its whole shard)."""
+    nd = len(ins[0].shape)
+    dim = norm_dim(arg(attrs, 2 if name.startswith("aten.split") else 1, "dim", 0), nd)
+    if name == "aten.slice.Tensor" and arg(attrs, 2, "start") in (None, 0) and arg(attrs, 4, "step", 1) == 1:
+        end = arg(attrs, 3, "end")
+        if end is None or end >= ins[0].shape[dim]:
+            return {d: d for d in range(nd)}
+    return keep_other_dims(nd, dim)
+
+
 def expand_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
     """A kept dim splits as itself; an expanded (size-1 or new) dim splits the output of a B input."""
     x, out = ins[0].shape, outs[0].shape

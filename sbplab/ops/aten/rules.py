@@ -45,7 +45,8 @@ class Rule:
         sigs = self.sig_fn(self.name, ins, outs, attrs)
         dtype = dict(attrs.get("kwargs", ())).get("dtype")
         if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:  # a cast to integers is not linear
-            sigs = [s for s in sigs if not any(isinstance(x, Partial) for x in s.inputs)]
+            sigs = [s for s in sigs if not (any(isinstance(x, Partial) for x in s.inputs)
+                                            and any(isinstance(x, Partial) for x in s.outputs))]
         empty = [m.numel == 0 for m in outs]
         if any(empty):  # outputs the op leaves None are placeholders: never split
             sigs = [Signature(s.inputs, tuple(B if e else x for x, e in zip(s.outputs, empty))) for s in sigs]
@@ -125,6 +126,7 @@ declare("pointwise", _ops(
 declare("reduction", _ops("sum.dim_IntList", "sum.default", "amax.default", "amin.default", "argmax.default",
                           "argmin.default", "any.dim", "any.dims", "all.dim", "prod.dim_int", "max.dim",
                           "min.dim"), red.reduce_signatures)
+declare("reduction", _ops("histc.default"), red.histc_signatures)
 declare("along-dim", _ops("_softmax.default", "_log_softmax.default", "sort.default", "cumsum.default"),
         lambda n, i, o, a: red.along_dim_signatures(n, i, o, a, 1, 0 if n == "aten.cumsum.default" else None))
 declare("along-dim", _ops("topk.default"), lambda n, i, o, a: red.along_dim_signatures(n, i, o, a, 2))
@@ -142,8 +144,7 @@ declare("shape", _ops("permute.default", "transpose.int", "t.default"),
 declare("shape", _ops("select.int", "unbind.int"), lambda n, i, o, a: sh.dim_map_signatures(
     i, o, sh.drop_dim_map(len(i[0].shape), norm_dim(arg(a, 1, "dim", 0), len(i[0].shape)))))
 declare("shape", _ops("slice.Tensor", "split.Tensor", "split_with_sizes.default", "narrow.default"),
-        lambda n, i, o, a: sh.dim_map_signatures(i, o, sh.keep_other_dims(
-            len(i[0].shape), norm_dim(arg(a, 2 if n.startswith("aten.split") else 1, "dim", 0), len(i[0].shape)))))
+        lambda n, i, o, a: sh.dim_map_signatures(i, o, sh.slice_map(n, i, a)))
 declare("shape", _ops("slice_backward.default", "select_backward.default"),
         lambda n, i, o, a: sh.dim_map_signatures(i, o, {d: o_ for o_, d in sh.drop_dim_map(
             len(o[0].shape), norm_dim(arg(a, 2, "dim"), len(o[0].shape))).items()} if n.startswith("aten.select")
@@ -171,13 +172,16 @@ declare("attention", _ops(
 declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_signatures(i, o))
 declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o))
 declare("indexing", _ops("gather.default", "scatter.value", "scatter.src", "scatter_add.default"),
-        lambda n, i, o, a: nn.gather_signatures(i, o, a))
+        lambda n, i, o, a: nn.gather_signatures(i, o, a, n == "aten.gather.default"))
+declare("indexing", _ops("index.Tensor"), lambda n, i, o, a: nn.index_signatures(i, o, a))
+declare("indexing", _ops("index_put.default"), lambda n, i, o, a: nn.index_put_signatures(i, o, a))
 declare("conv", _ops("convolution.default"), lambda n, i, o, a: nn.conv_signatures(i, o, a))
 declare("conv", _ops("convolution_backward.default"), lambda n, i, o, a: nn.conv_backward_signatures(i, o, a))
 declare("pooling", _ops("max_pool2d_with_indices.default", "max_pool2d_with_indices_backward.default",
                         "avg_pool2d.default", "avg_pool2d_backward.default", "_adaptive_avg_pool2d.default",
                         "_adaptive_avg_pool2d_backward.default"),
-        lambda n, i, o, a: nn.channels_signatures(i, o))
+        lambda n, i, o, a: nn.channels_signatures(i, o) + nn.pool_linear_signatures(n, i, o),
+        note="batch or channels split; averages and every backward are linear in their first input")
 
 # --- factories --------------------------------------------------------------------------------
 declare("factory", _ops("full.default", "zeros.default", "ones.default", "empty.memory_format"),
