@@ -159,11 +159,14 @@ def get_op(name: str) -> OpDef:
     except KeyError:
         if isinstance(name, str) and name.count(".") == 2 and all(name.split(".")):  # "aten.mm.default"
             from .aten import UnknownAtenOp, make_aten_opdef
+            from .aten.calls import overload
 
             try:
+                overload(name)
                 return register(make_aten_opdef(name))
             except UnknownAtenOp:
-                pass
+                if not name.startswith(("aten.", "prims.")):  # a library op this process has not loaded (a
+                    return make_aten_opdef(name)  # worker's): resolved from its captured module when it runs
         close = difflib.get_close_matches(str(name), list(REGISTRY), n=3)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise UnknownOpError(

@@ -283,6 +283,10 @@ def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated
     lib = library_of(name)
     if lib:  # workers import it to find the op
         attrs["lib"] = lib
+        if lib == "__main__":
+            warnings.warn(f"custom op {name} is defined in __main__ (a notebook or script): worker processes "
+                          f"cannot import it, so the step runs only in this process (step.executor()); define "
+                          f"it in a module to run it on a cluster", ReplicatedOpWarning, stacklevel=4)
     backward = node.meta.get("partitioner_tag") == "is_backward"
     module = _module_of(node)
     seq = node.meta.get("seq_nr")

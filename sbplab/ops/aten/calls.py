@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..registry import UnknownOpError
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -29,8 +31,12 @@ class DeviceSlot:
     """A factory op's ``device=``: the device of the process that runs the kernel (meta when inferring)."""
 
 
-class UnknownAtenOp(KeyError):
+class UnknownAtenOp(UnknownOpError):
     """The name does not resolve to an operator overload of ``torch.ops``."""
+
+    def __init__(self, name: str, lib: str | None = None) -> None:
+        where = f" (not even after importing {lib!r}, the module that defined it)" if lib else ""
+        super().__init__(f"no op named {name!r}: torch.ops has no such overload{where}")
 
 
 @cache
@@ -62,8 +68,11 @@ def resolve(name: str, lib: str | None = None) -> torch._ops.OpOverload:
     except UnknownAtenOp:
         if not lib:
             raise
-        importlib.import_module(lib)
-        return overload(name)
+        try:
+            importlib.import_module(lib)
+            return overload(name)
+        except (ImportError, UnknownAtenOp):
+            raise UnknownAtenOp(name, lib) from None
 
 
 def library_of(name: str) -> str | None:

@@ -9,7 +9,6 @@ carry only names and argument templates, never user code.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -17,7 +16,7 @@ import torch
 
 from ...freeze import freeze
 from ..registry import LocalContext, OpDef, TensorMeta
-from .calls import UnknownAtenOp, call, overload
+from .calls import call, overload
 from .rules import Rule, rule_for
 
 EMPTY = TensorMeta((0,), torch.float32)  # an output the op leaves None (a backward's unused gradient)
@@ -52,11 +51,8 @@ def make_aten_opdef(name: str) -> OpDef:
     """The ``OpDef`` of ATen (or library custom op) overload ``name``; raises UnknownAtenOp for an
     unknown ATen name. A library op this process has not loaded yet (a worker's) is resolved when its
     kernel first runs, from the module its captured call names (``attrs["lib"]``)."""
-    try:
+    if name.startswith(("aten.", "prims.")):
         overload(name)
-    except UnknownAtenOp:
-        if name.startswith(("aten.", "prims.")) or importlib.util.find_spec(name.split(".")[0]) is None:
-            raise
     rule: Rule = rule_for(name)
 
     def infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:

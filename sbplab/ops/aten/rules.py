@@ -127,7 +127,8 @@ declare("reduction", _ops("sum.dim_IntList", "sum.default", "amax.default", "ami
                           "argmin.default", "any.dim", "any.dims", "all.dim", "prod.dim_int", "max.dim",
                           "min.dim"), red.reduce_signatures)
 declare("reduction", _ops("histc.default"), red.histc_signatures)
-declare("along-dim", _ops("_softmax.default", "_log_softmax.default", "sort.default", "cumsum.default"),
+declare("along-dim", _ops("_softmax.default", "_log_softmax.default", "_safe_softmax.default", "sort.default",
+                          "cumsum.default"),
         lambda n, i, o, a: red.along_dim_signatures(n, i, o, a, 1, 0 if n == "aten.cumsum.default" else None))
 declare("along-dim", _ops("topk.default"), lambda n, i, o, a: red.along_dim_signatures(n, i, o, a, 2))
 declare("along-dim", _ops("_softmax_backward_data.default", "_log_softmax_backward_data.default"),
