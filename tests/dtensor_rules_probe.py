@@ -23,37 +23,17 @@ import json
 import math
 import sys
 import time
-import warnings
 from collections import defaultdict
 
 import torch
 
-RANDOM = {"aten.native_dropout.default", "aten.bernoulli.p", "aten.rand_like.default", "aten.randn_like.default",
-          "aten.empty_like.default", "aten.empty.memory_format", "aten.new_empty.default"}
 CAP = 256  # at most this many placement combinations tried in full per instance
 
 
 def instances() -> list[tuple[str, tuple, dict, str]]:
-    """(op, input metas, attrs, model) for every distinct ATen op instance of the corpus (as
-    tests/test_aten_rules.py walks them)."""
-    from sbplab.compiler.training.training_graph import aten_training_graph
     from sbplab.models import corpus
 
-    seen, out = set(), []
-    for name in corpus.MODELS:
-        b = corpus.build(name, batch=4, seq=8)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            g = aten_training_graph(b.model, b.inputs, b.loss_fn, b.target)
-        for op in g.ops:
-            if "." not in op.type or op.type in RANDOM:
-                continue
-            metas = tuple(g.tensors[t].meta for t in op.inputs)
-            key = (op.type, metas, tuple(sorted(op.attrs.items(), key=lambda kv: kv[0])))
-            if key not in seen:
-                seen.add(key)
-                out.append((op.type, metas, dict(op.attrs), name))
-    return out
+    return corpus.op_instances()
 
 
 def shape_class(name: str, metas: tuple, attrs: dict) -> tuple:

@@ -6,12 +6,9 @@ wrongly passes P through a non-linear op fails."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
-from sbplab.compiler.training.training_graph import aten_training_graph
 from sbplab.layout import assemble, random_shards
 from sbplab.models import corpus
 from sbplab.ops.aten import rule_for
@@ -20,30 +17,7 @@ from sbplab.placement import Placement
 
 pytest.importorskip("transformers")
 
-RANDOM = {"aten.native_dropout.default", "aten.bernoulli.p", "aten.rand_like.default", "aten.randn_like.default",
-          "aten.empty_like.default", "aten.empty.memory_format", "aten.new_empty.default"}
-
-
-def _instances() -> list[tuple[str, tuple, dict, str]]:
-    """(op, input metas, attrs, model) for every distinct ATen op instance of the corpus."""
-    seen, out = set(), []
-    for name in corpus.MODELS:
-        b = corpus.build(name, batch=4, seq=8)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            g = aten_training_graph(b.model, b.inputs, b.loss_fn, b.target)
-        for op in g.ops:
-            if "." not in op.type or op.type in RANDOM:
-                continue
-            metas = tuple(g.tensors[t].meta for t in op.inputs)
-            key = (op.type, metas, tuple(sorted(op.attrs.items(), key=lambda kv: kv[0])))
-            if key not in seen:
-                seen.add(key)
-                out.append((op.type, metas, dict(op.attrs), name))
-    return out
-
-
-INSTANCES = _instances()
+INSTANCES = corpus.op_instances()
 
 
 def _value(meta, gen: torch.Generator) -> torch.Tensor:

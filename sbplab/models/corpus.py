@@ -13,6 +13,7 @@ transformers is needed for the transformers models (``pip install sbplab[test]``
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -192,3 +193,29 @@ class LSTMClassifier(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.lstm(self.emb(x))  # (B, T, dim)
         return self.head(out[:, -1])
+
+
+RANDOM_OPS = {"aten.native_dropout.default", "aten.bernoulli.p", "aten.rand_like.default", "aten.randn_like.default",
+              "aten.empty_like.default", "aten.empty.memory_format", "aten.new_empty.default"}
+
+
+def op_instances(batch: int = 4, seq: int = 8) -> list[tuple[str, tuple, dict, str]]:
+    """(op, input metas, attrs, model) for every distinct ATen op instance the corpus captures, random
+    and uninitialised-memory ops left out: what the rule tests walk."""
+    from ..compiler.training.training_graph import aten_training_graph
+
+    seen, out = set(), []
+    for name in MODELS:
+        b = build(name, batch=batch, seq=seq)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = aten_training_graph(b.model, b.inputs, b.loss_fn, b.target)
+        for op in g.ops:
+            if "." not in op.type or op.type in RANDOM_OPS:
+                continue
+            metas = tuple(g.tensors[t].meta for t in op.inputs)
+            key = (op.type, metas, tuple(sorted(op.attrs.items(), key=lambda kv: kv[0])))
+            if key not in seen:
+                seen.add(key)
+                out.append((op.type, metas, dict(op.attrs), name))
+    return out
