@@ -27,34 +27,53 @@ from .cost import dual, mirror
 
 def backward_signatures(graph: Graph, forward: dict[str, NdSignature]) -> dict[str, NdSignature]:
     """backward op name -> signature, for the backward ops of the forward ops in ``forward`` (a signature
-    per forward op, on ``graph`` with placements assigned)."""
+    per forward op, on ``graph`` with placements assigned).
+
+    Backward ops are visited in graph order (topological). An op's wanted input layouts are those of
+    the forward tensors it reads (as its forward op read or wrote them), the total gradients of forward
+    outputs (``mirror``), and the outputs of backward ops pinned before it: a chain of ops one gradient
+    rule or one autograd formula emitted (an ATen capture's ``view -> mm -> view``) passes its layouts on
+    from op to op. An op with an input none of these know is left to deduction (and so is what it
+    writes): pinning it to the first signature that fits the known inputs would pick an arbitrary layout
+    (often all-``B``) for the unknown one."""
     read_as: dict[str, NdSbp] = {}  # the total gradient of a forward output: read by the producer's rule
     for name, sig in forward.items():
         for j, o in enumerate(graph.op_by_name[name].outputs):
             if o in graph.tensor_grads:
                 read_as[graph.tensor_grads[o]] = mirror(sig.outputs[j])
-    by_forward: dict[str, list[OpNode]] = {}
-    for op in graph.ops_in("backward"):
-        if op.forward_op in forward and op.type != "add":
-            by_forward.setdefault(op.forward_op, []).append(op)
+    haves: dict[str, tuple[dict, dict]] = {}
+    passed: dict[str, NdSbp] = {}  # outputs of the backward ops pinned so far
     out: dict[str, NdSignature] = {}
-    for name, ops in by_forward.items():
-        f, sig = graph.op_by_name[name], forward[name]
-        have = {t: sig.outputs[j] for j, t in enumerate(f.outputs)}
-        have.update({t: sig.inputs[k] for k, t in reversed(list(enumerate(f.inputs)))})
-        gives = {g: dual(sig, k) for k, g in enumerate(graph.input_grads.get(name, ())) if g is not None}
-        for op in ops:
-            want_in = [have.get(t, read_as.get(t)) for t in op.inputs]
-            want_out = [gives.get(t) for t in op.outputs]
-            pick = _first(signatures_of(graph, op), want_in, want_out)
-            if pick is not None:
-                out[op.name] = pick
+    for op in graph.ops_in("backward"):
+        name = op.forward_op
+        if name not in forward or op.type == "add":
+            continue
+        if name not in haves:
+            f, sig = graph.op_by_name[name], forward[name]
+            have = {t: sig.outputs[j] for j, t in enumerate(f.outputs)}
+            have.update({t: sig.inputs[k] for k, t in reversed(list(enumerate(f.inputs)))})
+            gives = {g: dual(sig, k) for k, g in enumerate(graph.input_grads.get(name, ())) if g is not None}
+            haves[name] = (have, gives)
+        have, gives = haves[name]
+        want_in = [have.get(t, read_as.get(t, passed.get(t))) for t in op.inputs]
+        if any(w is None for w in want_in):
+            continue
+        want_out = [gives.get(t) for t in op.outputs]
+        pick = _first(signatures_of(graph, op), want_in, want_out)
+        if pick is not None:
+            out[op.name] = pick
+            for t, sbp in zip(op.outputs, pick.outputs):
+                passed.setdefault(t, sbp)
     return out
 
 
 def _first(cands: list[NdSignature], want_in: list, want_out: list) -> NdSignature | None:
     """The first signature with every wanted input layout and every wanted output layout; failing that,
-    the first with the wanted inputs alone."""
+    the first with the wanted inputs alone. None when nothing is wanted (an op that reads and writes only
+    the rule's intermediate tensors: any signature would do, so deduction picks one)."""
+    if all(w is None for w in (*want_in, *want_out)):
+        return None
+
     def fits(got: tuple, want: list) -> bool:
         return all(w is None or g == w for g, w in zip(got, want))
     ins = [c for c in cands if fits(c.inputs, want_in)]

@@ -31,15 +31,20 @@ class PipelineCost:
 
 
 def blocks_of(ops: Sequence[OpSpace]) -> list[list[int]]:
-    """Ops (a problem's, in order) grouped into runs of one layer; ops of no layer join the run before them."""
+    """Ops (a problem's, in order) grouped into runs of one layer; ops of no layer join the run before them,
+    and so do ops of a layer seen before (a transformers model's final norm, ``transformer.ln_f``, is in
+    unit ``transformer`` with its embeddings): ``Strategy.stage_of`` gives a unit one stage, so a stage
+    cut before such a run could not be compiled as priced (deduction keeps it on its producers' stage)."""
     blocks: list[list[int]] = []
     last = None
+    seen: set[str] = set()
     for k, o in enumerate(ops):
-        if blocks and (o.unit == last or not o.unit):
+        if blocks and (o.unit == last or not o.unit or o.unit in seen):
             blocks[-1].append(k)
         else:
             blocks.append([k])
             last = o.unit
+            seen.add(o.unit)
     return blocks
 
 

@@ -46,20 +46,27 @@ def simulate(step: Any, hw: Hardware) -> Any:
     return sim(step, hw)
 
 
-def simulate_candidate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
-                       target: torch.Tensor | None, optimizer: Any, hw: Hardware) -> tuple[float, int]:
+def simulate_candidate(c: Candidate, model: torch.nn.Module, inputs: Any, loss_fn: Callable | None,
+                       target: Any, optimizer: Any, hw: Hardware) -> tuple[float, int]:
     """(step time, peak bytes on the fullest rank) of ``c`` compiled and simulated."""
-    t, mem, _ = _compile_and_simulate(c, model, xs, loss_fn, target, optimizer, hw)
+    t, mem, _ = _compile_and_simulate(c, model, inputs, loss_fn, target, optimizer, hw)
     return t, mem
 
 
-def _compile_and_simulate(c: Candidate, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
-                          target: torch.Tensor | None, optimizer: Any, hw: Hardware) -> tuple[float, int, Any]:
+def _compile_and_simulate(c: Candidate, model: torch.nn.Module, inputs: Any, loss_fn: Callable | None,
+                          target: Any, optimizer: Any, hw: Hardware,
+                          graphs: Callable[[int], Any] | None = None) -> tuple[float, int, Any]:
+    """``graphs(m)``: the training graph of m micro-batches, as ``sl.compile`` would trace it (the search's
+    own): a copy is compiled instead of tracing the model again (an ATen capture takes seconds)."""
     from ..compiler.api import compile as compile_step
+    from ..compiler.api import compile_training_graph
 
     view = c.mesh.hardware(hw)
-    step = compile_step(model, xs, loss_fn=loss_fn, target=target, optimizer=optimizer, strategy=c.strategy,
-                        hardware=view)
+    if graphs is not None:
+        step = compile_training_graph(graphs(c.strategy.micro_batches).copy(), c.strategy, view)
+    else:
+        step = compile_step(model, inputs, loss_fn=loss_fn, target=target, optimizer=optimizer, strategy=c.strategy,
+                            hardware=view)
     pred = simulate(step, view)
     return float(pred.step_time), int(max(pred.peak_memory.values(), default=0)), step
 
@@ -100,17 +107,20 @@ def rerank_units(top: int, presets: int, tune: bool = True, measure: bool = Fals
     return finalists * per_finalist + buckets
 
 
-def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
-           target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
+def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, inputs: Any, loss_fn: Callable | None,
+           target: Any, optimizer: Any, hw: Hardware, memory_limit: float | None,
            notes: list[str], on_each: Callable[[Candidate | None], None] | None = None,
            presets: list[Candidate] = (), tune: bool = True, units: int | None = None,
-           measure: tuple[Any, tuple] | None = None) -> tuple[Candidate, Predicted]:
+           measure: tuple[Any, tuple] | None = None,
+           graphs: Callable[[int], Any] | None = None) -> tuple[Candidate, Predicted]:
     """The winner among ``ranked`` (cheapest first) and the ``top`` analytically cheapest of ``presets``,
     and its prediction; with ``tune``, then the winner's gradient bucket size (``tune_buckets``).
     ``measure``: (cluster, batch): every preset is simulated too, the simulated finalists also run on
     the cluster, and the fastest measured wins (``measure.py``).
     ``on_each`` is called once per unit of progress, ``units`` times in all (default ``rerank_units``),
-    a unit without work too, so a progress bar ends where it was planned to."""
+    a unit without work too, so a progress bar ends where it was planned to.
+    ``graphs``: the training graph per micro-batch count (``Space.graph``), compiled instead of tracing
+    the model once per finalist; not when measuring (the runs need the model's real values)."""
     ticks = [0]
 
     def tick(c: Candidate | None = None) -> None:
@@ -119,18 +129,19 @@ def rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple,
             on_each(c)
 
     try:
-        return _rerank(ranked, top, model, xs, loss_fn, target, optimizer, hw, memory_limit, notes, tick, presets,
-                       tune, measure)
+        return _rerank(ranked, top, model, inputs, loss_fn, target, optimizer, hw, memory_limit, notes, tick, presets,
+                       tune, measure, graphs if measure is None else None)
     finally:
         for _ in range((rerank_units(top, len(presets), tune, measure is not None) if units is None else units)
                        - ticks[0]):
             tick()
 
 
-def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None,
-            target: torch.Tensor | None, optimizer: Any, hw: Hardware, memory_limit: float | None,
+def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, inputs: Any, loss_fn: Callable | None,
+            target: Any, optimizer: Any, hw: Hardware, memory_limit: float | None,
             notes: list[str], tick: Callable[..., None], presets: list[Candidate],
-            tune: bool, measure: tuple[Any, tuple] | None) -> tuple[Candidate, Predicted]:
+            tune: bool, measure: tuple[Any, tuple] | None,
+            graphs: Callable[[int], Any] | None = None) -> tuple[Candidate, Predicted]:
     first = ranked[0]
     analytic = Predicted(first.step_time, first.memory, "analytic", first.step_time, first.memory)
     if top <= 0 or _simulator() is None:
@@ -143,8 +154,8 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, xs: tuple
     steps: dict[int, Any] = {}
     for c in ranked[:top] + rivals:
         try:
-            c.simulated_time, c.simulated_memory, steps[id(c)] = _compile_and_simulate(c, model, xs, loss_fn, target,
-                                                                                       optimizer, hw)
+            c.simulated_time, c.simulated_memory, steps[id(c)] = _compile_and_simulate(c, model, inputs, loss_fn, target,
+                                                                                       optimizer, hw, graphs)
         except Exception as e:  # a candidate the compiler or simulator rejects is reported, not fatal
             notes.append(f"{c.describe()} could not be simulated: {type(e).__name__}: {str(e).splitlines()[0]}")
             continue

@@ -18,15 +18,15 @@ from typing import Any
 
 import torch
 
-from ..compiler.frontend.from_torch import from_torch
 from ..compiler.ir import Graph, GraphError
-from ..compiler.training.autodiff import add_backward
-from ..compiler.training.optim import SGD
+from ..compiler.training.optim import as_optimizer
+from ..compiler.training.training_graph import CAPTURES, trace_training_graph
 from ..hardware import Hardware
 from .box_prices import BoxPrices
 from .candidate import Candidate
 from .clock import Clock
 from .cost import ZERO_LEVELS
+from .inputs import SearchInputs, check_inputs
 from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
@@ -42,10 +42,12 @@ from .stage_floor import StageFloor
 class Space:
     """The training graphs (one per micro-batch count) and priced problems, built on first use."""
 
-    def __init__(self, model: torch.nn.Module, xs: tuple, loss_fn: Callable | None, target: torch.Tensor | None,
-                 optimizer: Any, hw: Hardware) -> None:
-        self.model, self.xs, self.loss_fn, self.target, self.optimizer, self.hw = model, xs, loss_fn, target, optimizer, hw
-        self.batch = int(xs[0].shape[0]) if xs and xs[0].dim() else 1
+    def __init__(self, model: torch.nn.Module, inputs: Any, loss_fn: Callable | None, target: Any, optimizer: Any,
+                 hw: Hardware, capture: str = "auto") -> None:
+        given = inputs if isinstance(inputs, SearchInputs) else check_inputs(inputs, target, loss_fn)
+        self.model, self.given, self.loss_fn, self.optimizer, self.hw = model, given, loss_fn, optimizer, hw
+        self.inputs, self.target, self.capture = given.inputs, given.target, capture
+        self.batch = given.batch  # every micro-batch count the search tries divides it
         self._graphs: dict[int, Graph] = {}
         self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
         self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
@@ -53,14 +55,13 @@ class Space:
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
 
     def graph(self, m: int) -> Graph:
+        """The training graph of ``m`` micro-batches, built as ``sl.compile`` builds it (the same function,
+        capture and optimizer, so op names match and the candidates' signature hints apply): torch.fx onto
+        sbplab's op library where it maps the whole model, else the ATen capture (``capture="auto"``)."""
         if m not in self._graphs:
-            xs = tuple(t[: t.shape[0] // m] for t in self.xs)
-            tgt = self.target[: self.target.shape[0] // m] if self.target is not None else None
             with torch.device("meta"):  # pricing needs shapes only: no logits of a big model are allocated
-                g = from_torch(self.model, xs, self.loss_fn, tgt)
-            add_backward(g, 1)
-            (self.optimizer or SGD()).build(g)
-            self._graphs[m] = g
+                self._graphs[m] = trace_training_graph(self.model, self.inputs, self.loss_fn, self.target, m,
+                                                       self.optimizer, capture=self.capture)
         return self._graphs[m]
 
     def priced_ops(self, mesh: MeshChoice, m: int = 1) -> PricedOps:
@@ -101,7 +102,7 @@ def _check_args(devices: object, hardware: object, memory_limit: object, method:
         raise SearchError(f"sl.search: time_budget must be a positive number of seconds or None, got {time_budget!r}")
 
 
-def _measure_args(cluster: Any, devices: int, top: int, xs: tuple, target: torch.Tensor | None) -> tuple | None:
+def _measure_args(cluster: Any, devices: int, top: int, given: SearchInputs) -> tuple | None:
     """(cluster, batch) to measure the finalists with, or None; a cluster that cannot serve says why."""
     if cluster is None:
         return None
@@ -114,8 +115,7 @@ def _measure_args(cluster: Any, devices: int, top: int, xs: tuple, target: torch
     if top <= 0:
         raise SearchError("sl.search: measure_on runs the finalists of the simulated re-rank; it needs "
                           "rerank_top > 0 and simulate=True")
-    batch = (*xs, target) if target is not None else xs
-    if any(isinstance(t, torch.Tensor) and t.is_meta for t in batch):
+    if any(t.is_meta for t in given.tensors):
         raise SearchError("sl.search: measure_on trains on the given batch, so inputs and target must be real "
                           "tensors, not meta ones")
     return cluster, batch
@@ -146,7 +146,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
            seed: int = 0, *, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
            node_size: int | None = None, max_mesh_ndim: int = 2, reduce: bool | None = None,
            rerank_top: int = 3, simulate: bool = True, on_progress: ProgressCallback | None = None,
-           measure_on: Any = None) -> SearchResult:
+           measure_on: Any = None, capture: str = "auto") -> SearchResult:
     """Search strategies for ``model`` (traced like ``sl.compile``) on ``devices`` ranks of ``hardware``.
 
     memory_limit: bytes per device no strategy may exceed (analytic memory; the simulator's where
@@ -162,6 +162,11 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
         preset, also run on it for a few steps, and the fastest measured wins (``measure.py``); each gets
         ``measured_time``.
         ``inputs`` and ``target`` must then be real tensors (the batch the runs train on).
+    inputs: as ``sl.compile`` takes them: a tensor, a tuple of positional tensors, or a dict of keyword
+        tensors (``{"input_ids": x, "labels": x}``); ``loss_fn`` None when the model returns its own loss.
+        Every tensor has the batch on dim 0; micro-batches slice every one of them.
+    capture: how the model is traced, as in ``sl.compile``: "auto" (torch.fx onto sbplab's op library
+        where it maps the whole model, else the ATen capture), "aten" or "fx".
     """
     if not isinstance(model, torch.nn.Module):
         raise SearchError(f"sl.search needs a torch.nn.Module to search strategies for, got {type(model).__name__}")
@@ -169,13 +174,16 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     if on_progress is not None and not callable(on_progress):
         raise SearchError(f"sl.search: on_progress must be a function of one SearchProgress or None, got "
                           f"{type(on_progress).__name__}")
+    if capture not in CAPTURES:
+        raise SearchError(f"sl.search: capture must be one of {CAPTURES} (as sl.compile takes it), got {capture!r}")
     hw = hardware or Hardware.cpu_box()
-    xs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    measure = _measure_args(measure_on, int(devices), rerank_top if simulate else 0, xs, target)
-    space = Space(model, xs, loss_fn, target, optimizer, hw)
+    given = check_inputs(inputs, target, loss_fn)
+    optimizer = as_optimizer(optimizer)  # refused before tracing, as sl.compile refuses it
+    measure = _measure_args(measure_on, int(devices), rerank_top if simulate else 0, given)
+    space = Space(model, given, loss_fn, given.target, optimizer, hw, capture)
     try:
         space.graph(1)
-    except GraphError as e:  # unsupported ops, bad shapes: before any search work
+    except GraphError as e:  # unsupported ops, bad shapes, a model torch.export cannot capture: before any search
         raise SearchError(f"sl.search: the model cannot be compiled, so there is nothing to search:\n{e}") from e
     if any(z not in ZERO_LEVELS for z in zero_levels):
         raise SearchError(f"sl.search: zero_levels must be drawn from {ZERO_LEVELS}, got {zero_levels}")
@@ -224,9 +232,10 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
                               f"{where}")
         raise SearchError("sl.search: the time budget ran out before any candidate was priced; raise time_budget")
     feasible.sort(key=lambda c: c.step_time)
-    best, predicted = rerank(feasible, top, model, xs, loss_fn, target, optimizer, hw, memory_limit, notes,
+    best, predicted = rerank(feasible, top, model, space.inputs, loss_fn, space.target, optimizer, hw, memory_limit,
+                             notes,
                              on_each=(lambda c: report.step("simulating")) if report.active else None,
-                             presets=presets, units=finalists, measure=measure)
+                             presets=presets, units=finalists, measure=measure, graphs=space.graph)
     report.finish(best)
     return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
                         method, clock.elapsed(), notes)
