@@ -2,6 +2,11 @@
 model; an LSTM) captured at ATen level and trained on real workers: every loss and every final
 parameter equals plain single-device torch.
 
+Tensor parallel finds its Megatron pairs from each captured graph's structure (the preset's default
+globs name no layer of these models): a layer with a weight whose input is not split is a column
+candidate, one that reads a column's split on its contracted dim a row, and every op between them
+must keep the split (see ``compiler/deduction/megatron.py``).
+
 BatchNorm (ResNet) is synchronised: its statistics are sums over the whole batch, so data parallel,
 ZeRO and DP x TP equal one device; with micro-batches (the pipeline) each micro-batch has its own
 statistics, as gradient accumulation in torch gives, and the reference accumulates the same way.
@@ -22,6 +27,7 @@ pytest.importorskip("transformers")
 STRATEGIES = {
     "dp": lambda: sl.presets.data_parallel(2),
     "zero3": lambda: sl.presets.zero(2),
+    "tp": lambda: sl.presets.tensor_parallel(2),
     "dp_tp": lambda: sl.presets.dp_tp((2, 2)),
     "pipeline": lambda: sl.presets.pipeline(2, 2),
 }
@@ -56,3 +62,40 @@ def test_real_model_trains_like_torch(cluster, name, strategy):
             continue
         seen.add(id(p))
         torch.testing.assert_close(got[fqn], p.detach(), atol=2e-5, rtol=1e-4, msg=lambda m, fqn=fqn: f"{fqn}: {m}")
+
+
+def _pairs(name: str) -> tuple[list[str], list[str], sl.Compiled]:
+    built = corpus.build(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sl.ReplicatedOpWarning)
+        step = sl.compile(built.model, built.inputs, loss_fn=built.loss_fn, target=built.target,
+                          strategy=sl.presets.tensor_parallel(2))
+    lines = [ln.strip() for ln in str(step.strategy.report).splitlines() if "paired [" in ln]
+    return [ln for ln in lines if ln.startswith("paired")], [ln for ln in lines if ln.startswith("not paired")], step
+
+
+def _forward_all_reduces(step) -> int:
+    return sum(1 for c in step.physical.collectives if c.phase == "forward" and c.kind == "all_reduce")
+
+
+def test_tensor_parallel_splits_llama_like_megatron():
+    """Llama (separate q, k, v with grouped-query heads, RoPE, SwiGLU): per layer one attention pair
+    (q, k, v -> o) and one MLP pair (gate, up -> down), one forward all-reduce each, as Megatron."""
+    paired, _, step = _pairs("llama")
+    assert len(paired) == 4
+    assert sum("q_proj" in p and "k_proj" in p and "v_proj" in p and "o_proj" in p for p in paired) == 2
+    assert sum("gate_proj" in p and "up_proj" in p and "down_proj" in p for p in paired) == 2
+    assert _forward_all_reduces(step) == 4
+    sbp = step.deduction.sbp
+    assert sbp["model.layers.0.self_attn.q_proj.weight"] == (sl.S(0),)  # (out, in): split by output features
+    assert sbp["model.layers.0.self_attn.o_proj.weight"] == (sl.S(1),)
+
+
+def test_tensor_parallel_says_why_fused_qkv_stays_whole():
+    """GPT-2's fused c_attn is split into q, k, v along the split features: that pair cannot hold
+    without communication, and the report says so; its Conv1D MLP (weights stored (in, out)) pairs."""
+    paired, broken, step = _pairs("gpt2")
+    assert len(paired) == 2 and all("mlp.c_fc" in p and "mlp.c_proj" in p for p in paired)
+    assert any("attn.c_attn" in b and "split.Tensor" in b for b in broken)
+    assert step.deduction.sbp["transformer.h.0.mlp.c_fc.weight"] == (sl.S(1),)  # Conv1D: (in, out)
+    assert _forward_all_reduces(step) == 2

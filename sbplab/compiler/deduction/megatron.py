@@ -59,6 +59,8 @@ class Pairing:
     groups: list[PairGroup]
     lonely_rows: dict[str, str]  # row candidate op -> why it has no column partner
     unmatched: list[str]  # column/row globs that named no layer
+    column: tuple[str, ...] = ()  # the globs that nominated the candidates
+    row: tuple[str, ...] = ()
 
     @property
     def pairs(self) -> list[PairGroup]:
@@ -70,14 +72,60 @@ class Pairing:
         return out
 
 
-def weight_module(graph: Graph, op: OpNode) -> str | None:
-    """The module path of ``op``'s weight (``blocks.0.fc1`` for ``blocks.0.fc1.weight``), if it has one."""
+@dataclass(frozen=True)
+class LinearUse:
+    """How a layer's op reads its weight: which input is the activation, which the weight as the op
+    reads it (``w_out``: its output-features dim, ``w_in``: its contracted dim), the parameter behind it
+    and the parameter's own dims for the same two roles (a column layer stores it split on
+    ``param_out``, a row layer on ``param_in``).
+
+    sbplab's ``linear(x, w (out, in), b)`` reads the parameter as it is. A captured ``aten.mm`` or
+    ``aten.addmm`` reads ``t(w)`` for an nn.Linear (the parameter is transposed) and the parameter
+    itself for GPT-2's Conv1D (stored (in, out)).
+    """
+
+    data: int
+    weight: int
+    bias: int | None
+    param: str
+    w_out: int
+    w_in: int
+    param_out: int
+    param_in: int
+
+    @property
+    def module(self) -> str:
+        return self.param[: -len(".weight")] if self.param.endswith(".weight") else self.param
+
+
+ATEN_MATMUL = {"aten.mm.default": (0, 1, None), "aten.addmm.default": (1, 2, 0)}  # (data, weight, bias) inputs
+TRANSPOSES = ("aten.t.default", "aten.transpose.int", "aten.permute.default")
+
+
+def linear_use(graph: Graph, op: OpNode) -> LinearUse | None:
+    """``op`` as a layer with a parameter weight, or None."""
     if op.phase != "forward" or len(op.inputs) < 2:
         return None
+    if op.type in ATEN_MATMUL:
+        data, weight, bias = ATEN_MATMUL[op.type]
+        w = op.inputs[weight]
+        src = graph.producer(w)
+        transposed = src is not None and src.type in TRANSPOSES and len(graph.tensors[w].shape) == 2
+        param = graph.tensors[src.inputs[0] if transposed else w]
+        if param.role != "param" or len(param.shape) != 2:
+            return None
+        p_out, p_in = (0, 1) if transposed else (1, 0)
+        return LinearUse(data, weight, bias, param.name, 1, 0, p_out, p_in)
     w = graph.tensors[op.inputs[1]]
     if w.role != "param" or not w.name.endswith(".weight"):
         return None
-    return w.name[: -len(".weight")]
+    return LinearUse(0, 1, 2 if len(op.inputs) > 2 else None, w.name, 0, 1, 0, 1)
+
+
+def weight_module(graph: Graph, op: OpNode) -> str | None:
+    """The module path of ``op``'s weight (``blocks.0.fc1`` for ``blocks.0.fc1.weight``), if it has one."""
+    use = linear_use(graph, op)
+    return use.module if use is not None else None
 
 
 def _matches(name: str, globs: Sequence[str]) -> bool:
@@ -85,19 +133,22 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
 
 
 def _column_split(graph: Graph, op: OpNode, mesh: Placement) -> int | None:
-    """The dim the output is split on when the weight is ``S(0)`` and the data input ``B``."""
+    """The dim the output is split on when the weight is split by output features and the data ``B``."""
+    use = linear_use(graph, op)
     for sig in _sigs(graph, op, mesh):
         ins, (out, *_) = [x[0] for x in sig.inputs], [x[0] for x in sig.outputs]
-        if ins[0] == B and ins[1] == Split(0) and isinstance(out, Split) and len(sig.outputs) == 1:
+        if (ins[use.data] == B and ins[use.weight] == Split(use.w_out) and isinstance(out, Split)
+                and len(sig.outputs) == 1):
             return out.dim
     return None
 
 
 def _row_accepts(graph: Graph, op: OpNode, dim: int, mesh: Placement) -> bool:
-    """Whether input 0 split on ``dim`` and the weight ``S(1)`` make a partial sum (no boxing of input 0)."""
+    """Whether the data split on ``dim`` and the weight split on its contracted dim make a partial sum."""
+    use = linear_use(graph, op)
     for sig in _sigs(graph, op, mesh):
         ins, outs = [x[0] for x in sig.inputs], [x[0] for x in sig.outputs]
-        if ins[0] == Split(dim) and ins[1] == Split(1) and all(isinstance(o, Partial) for o in outs):
+        if ins[use.data] == Split(dim) and ins[use.weight] == Split(use.w_in) and all(isinstance(o, Partial) for o in outs):
             return True
     return False
 
@@ -182,12 +233,13 @@ def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size:
             continue
         gid = groups.union([owner[t] for t in mine])
         g = groups.group[gid]
-        if op.name in is_row and mine == [op.inputs[0]]:
-            if _row_accepts(graph, op, split[op.inputs[0]], mesh):
+        use = linear_use(graph, op) if op.name in is_row else None
+        if use is not None and mine == [op.inputs[use.data]]:
+            if _row_accepts(graph, op, split[op.inputs[use.data]], mesh):
                 g.rows.append(op.name)
             else:
-                g.broken = g.broken or (f"row layer {op.name!r} cannot take its input split S({split[op.inputs[0]]}) "
-                                        f"with its weight S(1)")
+                g.broken = g.broken or (f"row layer {op.name!r} cannot take its input split "
+                                        f"S({split[op.inputs[use.data]]}) with its weight split by input features")
             continue
         sig = _keeping_signature(graph, op, split, mesh)
         if sig is None:
@@ -198,7 +250,9 @@ def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size:
             split[o], owner[o] = s[0].dim, gid
     for t, gid in owner.items():
         g = groups.group[groups.find(gid)]
-        if not any(c.phase == "forward" for c in graph.consumers(t)) and g.broken is None:
+        readers = graph.consumers(t)
+        saved = readers and all(c.phase == "backward" for c in readers)  # kept for backward (attention's lse)
+        if not any(c.phase == "forward" for c in readers) and not saved and g.broken is None:
             g.broken = f"the split tensor {t!r} leaves the model (nothing downstream reduces it)"
     found = list(groups.group.values())
     for g in found:
@@ -208,12 +262,13 @@ def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size:
     lonely = {r: _lonely_reason(graph, graph.op_by_name[r], owner, groups) for r in sorted(is_row - reached)}
     for c in too_small:
         found.append(PairGroup([c], broken=f"its output cannot be split over {tp_size} ranks"))
-    return Pairing(found, lonely, unmatched)
+    return Pairing(found, lonely, unmatched, tuple(column), tuple(row))
 
 
 def _lonely_reason(graph: Graph, op: OpNode, owner: dict[str, int], groups: _Groups) -> str:
-    src = graph.producer(op.inputs[0])
-    if op.inputs[0] in owner:
-        return f"its split input comes from a group that is not paired ({groups.group[groups.find(owner[op.inputs[0]])].broken})"
-    what = f"{src.type} {src.name!r}" if src is not None else f"the source {op.inputs[0]!r}"
+    x = op.inputs[linear_use(graph, op).data]
+    src = graph.producer(x)
+    if x in owner:
+        return f"its split input comes from a group that is not paired ({groups.group[groups.find(owner[x])].broken})"
+    what = f"{src.type} {src.name!r}" if src is not None else f"the source {x!r}"
     return f"its input comes from {what}, which is not split by a column-parallel layer"

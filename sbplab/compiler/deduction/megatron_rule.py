@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ...sbp import B, S
 from ..ir import Graph
-from .megatron import Pairing, find_pairs, weight_module
+from .megatron import Pairing, find_pairs, linear_use, weight_module
 from .strategy import Hint, HintError
 
 
@@ -46,7 +46,14 @@ class MegatronRule:
                 f"row layers {list(self.row)}")
 
     def pairing(self, graph: Graph, tp_size: int) -> Pairing:
-        return find_pairs(graph, self.column, self.row, tp_size)
+        """The pairs the globs nominate; when a preset's default globs name no layer at all (a model
+        with other names, a captured transformers model), every layer with a weight is a candidate and
+        the graph's structure alone decides: a column is any such layer whose input is not split, a row
+        any such layer that reads a column's split on its contracted dim."""
+        found = find_pairs(graph, self.column, self.row, tp_size)
+        if not self.strict and not found.pairs and len(found.unmatched) == len(self.column) + len(self.row):
+            return find_pairs(graph, ("*",), ("*",), tp_size)
+        return found
 
     def check(self, graph: Graph, pairing: Pairing) -> None:
         """A strict rule whose globs name no layer is an error with close names."""
@@ -79,14 +86,19 @@ class MegatronRule:
             if mine:
                 out.append(Hint(pattern, sbp, why, required=False, only=mine, **kw))
 
-        for c in self.column:
-            add(f"{c}.weight", [op.inputs[1] for op in cols], nd(S(0)), "Megatron column parallel", role="param",
-                pin=True)
-            add(f"{c}.bias", [op.inputs[2] for op in cols if len(op.inputs) > 2], nd(S(0)),
-                "Megatron column parallel", role="param")
-            add(c, [op.name for op in cols], whole, "Megatron f: the input's gradient is all-reduced", input_grad=0)
-        for r in self.row:
-            add(f"{r}.weight", [op.inputs[1] for op in rows], nd(S(1)), "Megatron row parallel", role="param",
-                pin=True)
+        col_uses = [(op, linear_use(graph, op)) for op in cols]
+        row_uses = [(op, linear_use(graph, op)) for op in rows]
+        for c in pairing.column:
+            for dim in (0, 1):  # an nn.Linear's weight is (out, in), a Conv1D's (in, out)
+                add(f"{c}.weight", [u.param for _, u in col_uses if u.param_out == dim], nd(S(dim)),
+                    "Megatron column parallel", role="param", pin=True)
+            add(f"{c}.bias", [op.inputs[u.bias] for op, u in col_uses if u.bias is not None and len(op.inputs) > u.bias],
+                nd(S(0)), "Megatron column parallel", role="param")
+            if graph.input_grads:  # the fx path's autodiff records each op's input gradients
+                add(c, [op.name for op in cols], whole, "Megatron f: the input's gradient is all-reduced", input_grad=0)
+        for r in pairing.row:
+            for dim in (0, 1):
+                add(f"{r}.weight", [u.param for _, u in row_uses if u.param_in == dim], nd(S(dim)),
+                    "Megatron row parallel", role="param", pin=True)
             add(r, [op.outputs[0] for op in rows], whole, "Megatron g: the output is all-reduced", role="activation")
         return out
