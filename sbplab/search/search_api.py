@@ -118,7 +118,7 @@ def _measure_args(cluster: Any, devices: int, top: int, given: SearchInputs) -> 
     if any(t.is_meta for t in given.tensors):
         raise SearchError("sl.search: measure_on trains on the given batch, so inputs and target must be real "
                           "tensors, not meta ones")
-    return cluster, batch
+    return cluster, given.feeds()
 
 
 def _identity_mesh(shape: tuple[int, ...], hw: Hardware) -> MeshChoice:
