@@ -26,6 +26,8 @@ from ..ops.registry import NdSignature
 from ..sbp import NdSbp
 from .cost import dual, mirror
 
+ATEN = "aten."  # an op of an ATen capture
+
 
 def backward_signatures(graph: Graph, forward: dict[str, NdSignature]) -> dict[str, NdSignature]:
     """backward op name -> signature, for the backward ops of the forward ops in ``forward`` (a signature
@@ -58,6 +60,8 @@ def backward_signatures(graph: Graph, forward: dict[str, NdSignature]) -> dict[s
             haves[name] = (have, gives)
         have, gives = haves[name]
         want_in = [have.get(t, read_as.get(t, passed.get(t))) for t in op.inputs]
+        if any(w is None for w in want_in) and op.type.startswith(ATEN):
+            want_in = [w if w is not None else _mirrored(graph, name, forward[name], t) for w, t in zip(want_in, op.inputs)]
         if any(w is None for w in want_in):
             continue
         want_out = [gives.get(t) for t in op.outputs]
@@ -67,6 +71,21 @@ def backward_signatures(graph: Graph, forward: dict[str, NdSignature]) -> dict[s
             for t, sbp in zip(op.outputs, pick.outputs):
                 passed.setdefault(t, sbp)
     return out
+
+
+def _mirrored(graph: Graph, name: str, sig: NdSignature, t: str) -> NdSbp | None:
+    """A gradient an autograd formula made in the middle of forward op ``name``'s backward (an ATen
+    capture records no total gradient per activation): mirrored from the one forward tensor of that op
+    with its shape (outputs first), as the cost model mirrors gradients; None if no tensor, or tensors of
+    different layouts, have that shape. Without it such a gradient was left to deduction, which sliced
+    replicated axes for free (``B -> S(0)``) and then had to reduce every parameter's gradient there."""
+    f = graph.op_by_name[name]
+    shape = graph.tensors[t].meta.shape
+    outs = {mirror(sig.outputs[j]) for j, o in enumerate(f.outputs) if graph.tensors[o].meta.shape == shape}
+    if outs:
+        return outs.pop() if len(outs) == 1 else None
+    ins = {mirror(sig.inputs[k]) for k, i in enumerate(f.inputs) if graph.tensors[i].meta.shape == shape}
+    return ins.pop() if len(ins) == 1 else None
 
 
 def _first(cands: list[NdSignature], want_in: list, want_out: list) -> NdSignature | None:
