@@ -158,13 +158,13 @@ def get_op(name: str) -> OpDef:
         return REGISTRY[name]
     except KeyError:
         if isinstance(name, str) and name.count(".") == 2 and all(name.split(".")):  # "aten.mm.default"
-            from .aten import UnknownAtenOp, make_aten_opdef
+            from .aten import make_aten_opdef
             from .aten.calls import overload
 
             try:
                 overload(name)
                 return register(make_aten_opdef(name))
-            except UnknownAtenOp:
+            except UnknownOpError:
                 if not name.startswith(("aten.", "prims.")):  # a library op this process has not loaded (a
                     return make_aten_opdef(name)  # worker's): resolved from its captured module when it runs
         close = difflib.get_close_matches(str(name), list(REGISTRY), n=3)

@@ -54,6 +54,10 @@ class ReplicatedOpWarning(UserWarning):
     """An op has no SBP rule: it runs whole (replicated) on every rank."""
 
 
+class LocalOnlyOpWarning(UserWarning):
+    """A custom op is defined in ``__main__``: worker processes cannot import it."""
+
+
 class _Step(nn.Module):
     """The user's module and loss as one module whose output is the scalar loss."""
 
@@ -286,7 +290,7 @@ def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated
         if lib == "__main__":
             warnings.warn(f"custom op {name} is defined in __main__ (a notebook or script): worker processes "
                           f"cannot import it, so the step runs only in this process (step.executor()); define "
-                          f"it in a module to run it on a cluster", ReplicatedOpWarning, stacklevel=4)
+                          f"it in a module to run it on a cluster", LocalOnlyOpWarning, stacklevel=4)
     backward = node.meta.get("partitioner_tag") == "is_backward"
     module = _module_of(node)
     seq = node.meta.get("seq_nr")

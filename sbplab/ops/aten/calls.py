@@ -31,12 +31,10 @@ class DeviceSlot:
     """A factory op's ``device=``: the device of the process that runs the kernel (meta when inferring)."""
 
 
-class UnknownAtenOp(UnknownOpError):
-    """The name does not resolve to an operator overload of ``torch.ops``."""
-
-    def __init__(self, name: str, lib: str | None = None) -> None:
-        where = f" (not even after importing {lib!r}, the module that defined it)" if lib else ""
-        super().__init__(f"no op named {name!r}: torch.ops has no such overload{where}")
+def unknown_aten_op(name: str, lib: str | None = None) -> UnknownOpError:
+    """The error for a name that does not resolve to an operator overload of ``torch.ops``."""
+    where = f" (not even after importing {lib!r}, the module that defined it)" if lib else ""
+    return UnknownOpError(f"no op named {name!r}: torch.ops has no such overload{where}")
 
 
 @cache
@@ -45,7 +43,7 @@ def overload(name: str) -> torch._ops.OpOverload:
     is imported first, since importing the library is what registers its custom ops."""
     parts = name.split(".")
     if len(parts) != 3:
-        raise UnknownAtenOp(name)
+        raise unknown_aten_op(name)
     ns, op, ov = parts
     for attempt in range(2):
         try:
@@ -57,7 +55,7 @@ def overload(name: str) -> torch._ops.OpOverload:
                 importlib.import_module(ns)
             except ImportError:
                 break
-    raise UnknownAtenOp(name)
+    raise unknown_aten_op(name)
 
 
 def resolve(name: str, lib: str | None = None) -> torch._ops.OpOverload:
@@ -65,14 +63,14 @@ def resolve(name: str, lib: str | None = None) -> torch._ops.OpOverload:
     not imported the module that defines a library's custom op: the captured call names it)."""
     try:
         return overload(name)
-    except UnknownAtenOp:
+    except UnknownOpError:
         if not lib:
             raise
         try:
             importlib.import_module(lib)
             return overload(name)
-        except (ImportError, UnknownAtenOp):
-            raise UnknownAtenOp(name, lib) from None
+        except (ImportError, UnknownOpError):
+            raise unknown_aten_op(name, lib) from None
 
 
 def library_of(name: str) -> str | None:

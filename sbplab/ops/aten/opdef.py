@@ -19,6 +19,9 @@ from ..registry import LocalContext, OpDef, TensorMeta
 from .calls import call, overload
 from .rules import Rule, rule_for
 
+# a view of the whole tensor may not be a view of a shard (a slice boxing made it non-contiguous); the
+# captured graph is functional, so the shard's kernel may copy where a view is impossible
+RESHAPES = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
 EMPTY = TensorMeta((0,), torch.float32)  # an output the op leaves None (a backward's unused gradient)
 
 
@@ -48,7 +51,7 @@ def _default_device() -> torch.device:
 
 
 def make_aten_opdef(name: str) -> OpDef:
-    """The ``OpDef`` of ATen (or library custom op) overload ``name``; raises UnknownAtenOp for an
+    """The ``OpDef`` of ATen (or library custom op) overload ``name``; raises UnknownOpError for an
     unknown ATen name. A library op this process has not loaded yet (a worker's) is resolved when its
     kernel first runs, from the module its captured call names (``attrs["lib"]``)."""
     if name.startswith(("aten.", "prims.")):
@@ -62,9 +65,11 @@ def make_aten_opdef(name: str) -> OpDef:
         outs = _infer(name, tuple(ins), freeze(attrs))
         return rule.signatures(list(ins), list(outs), attrs)
 
+    target = RESHAPES.get(name, name)
+
     def kernel(xs: Sequence[torch.Tensor], attrs: dict):
         device = xs[0].device if xs else _default_device()
-        out = call(name, attrs, list(xs), device)
+        out = call(target, attrs, list(xs), device)
         return tuple(torch.empty(0, device=device) if o is None else o for o in out)
 
     def flops(ins: Sequence[TensorMeta], outs: Sequence[TensorMeta], attrs: dict) -> int:
