@@ -27,6 +27,7 @@ from .compiler import (
     from_torch,
     presets,
 )
+from .compiler.deduction.strategy import TensorParallelWarning
 from .compiler.frontend.aten_capture import CaptureError, LocalOnlyOpWarning, ReplicatedOpWarning
 from .compiler.frontend.from_torch import UnsupportedError, UnsupportedModelError
 from .compiler.reference import compare as compare_with_torch
@@ -63,7 +64,7 @@ from .sim import SimulationError, simulate
 from .viz import compare_timelines, layout_picture, timeline, type_string
 
 __all__ = [
-    "CaptureError", "ReplicatedOpWarning", "LocalOnlyOpWarning", "register_rule", "Signature",
+    "CaptureError", "ReplicatedOpWarning", "LocalOnlyOpWarning", "TensorParallelWarning", "register_rule", "Signature",
     # semantics
     "B", "Broadcast", "P", "Partial", "Placement", "S", "Split", "fmt_sbp", "parse_sbp",
     "assemble", "balanced_sizes", "local_block", "local_shape", "random_shards", "shard", "split_range",

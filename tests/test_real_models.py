@@ -99,3 +99,10 @@ def test_tensor_parallel_says_why_fused_qkv_stays_whole():
     assert any("attn.c_attn" in b and "split.Tensor" in b for b in broken)
     assert step.deduction.sbp["transformer.h.0.mlp.c_fc.weight"] == (sl.S(1),)  # Conv1D: (in, out)
     assert _forward_all_reduces(step) == 2
+
+
+def test_tensor_parallel_that_splits_nothing_says_so():
+    built = corpus.build("lstm")  # its weights are read by the LSTM's cell ops, never by a layer's matmul
+    with pytest.warns(sl.TensorParallelWarning, match="split nothing"):
+        sl.compile(built.model, built.inputs, loss_fn=built.loss_fn, target=built.target,
+                   strategy=sl.presets.tensor_parallel(2))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from .hint_report import HintReport
     from .megatron_rule import MegatronRule
     from .signature_hints import SignatureHint
+
+
+class TensorParallelWarning(UserWarning):
+    """A Megatron rule found no column/row pair in a model: its tensor-parallel axis splits nothing."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,13 @@ class Strategy:
         for rule in self.megatron:
             pairing = rule.pairing(graph, mesh.shape[rule.axis])
             pairings.append((rule, pairing))
+            if not pairing.pairs:
+                lines = pairing.lines()
+                why = (f"{len(lines)} candidate group(s), none paired; first: {lines[0][:240]}" if lines
+                       else "no layer with a weight read by a matmul")
+                warnings.warn(f"{self.name}: tensor parallelism split nothing in this model ({why}); these "
+                              f"layers run whole on every rank of mesh axis {rule.axis}; strategy.explain(model) "
+                              f"says why for each", TensorParallelWarning, stacklevel=2)
             matches += [HintMatch(h, self._targets(graph, h, by_role), source="Megatron rule")
                         for h in rule.hints(graph, pairing)]
         matches += [HintMatch(h, self._targets(graph, h, by_role), source="user" if h.required else "preset")
