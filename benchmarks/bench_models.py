@@ -23,13 +23,7 @@ from sbplab.compiler.api import compile_training_graph
 from sbplab.compiler.training.training_graph import aten_training_graph
 from sbplab.models import corpus
 
-STRATEGIES = {
-    "dp": lambda: sl.presets.data_parallel(2),
-    "zero3": lambda: sl.presets.zero(2),
-    "tp": lambda: sl.presets.tensor_parallel(2),
-    "dp_tp": lambda: sl.presets.dp_tp((2, 2)),
-    "pipeline": lambda: sl.presets.pipeline(2, 2),
-}
+STRATEGIES = corpus.strategies()
 STEPS, LR = 3, 0.05
 
 

@@ -24,13 +24,7 @@ from sbplab.models import corpus
 
 pytest.importorskip("transformers")
 
-STRATEGIES = {
-    "dp": lambda: sl.presets.data_parallel(2),
-    "zero3": lambda: sl.presets.zero(2),
-    "tp": lambda: sl.presets.tensor_parallel(2),
-    "dp_tp": lambda: sl.presets.dp_tp((2, 2)),
-    "pipeline": lambda: sl.presets.pipeline(2, 2),
-}
+STRATEGIES = corpus.strategies()
 LR = 0.05
 
 

@@ -26,6 +26,19 @@ TRANSFORMERS = ("gpt2", "llama", "bert", "vit", "resnet", "mixtral")
 MODELS = (*TRANSFORMERS, "nanogpt", "lstm")
 
 
+def strategies() -> dict[str, Callable[[], Any]]:
+    """The strategies every corpus model is checked under, on at most 4 ranks: name -> a fresh Strategy."""
+    from ..compiler.deduction import presets
+
+    return {
+        "dp": lambda: presets.data_parallel(2),
+        "zero3": lambda: presets.zero(2),
+        "tp": lambda: presets.tensor_parallel(2),
+        "dp_tp": lambda: presets.dp_tp((2, 2)),
+        "pipeline": lambda: presets.pipeline(2, 2),
+    }
+
+
 @dataclass
 class Built:
     """A model with one batch: ``sl.compile(model, inputs, loss_fn=loss_fn, target=target)``."""
