@@ -5,7 +5,6 @@ simulator prices it on the Hardware's device. Also: every SbplabError class is o
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import subprocess
@@ -16,6 +15,7 @@ import torch
 
 import sbplab as sl
 from sbplab.compiler.deduction.strategy import bind_device
+from sbplab.compiler.reference import torch_steps
 from sbplab.errors import SbplabError
 from sbplab.runtime.comm import backend_for
 from sbplab.sim.firing_cost import device_of
@@ -158,23 +158,10 @@ def test_eager_tensors_on_a_device_free_placement_live_on_this_cpu():
 
 
 # --- runs: on 2 Gloo ranks, the cpu step and the device-free one train like torch -------------------
-def _torch_losses(model, x, y):
-    m = copy.deepcopy(model)
-    o = torch.optim.SGD(m.parameters(), lr=0.1)
-    out = []
-    for _ in range(STEPS):
-        loss = m.loss_fn(m(x), y)
-        o.zero_grad()
-        loss.backward()
-        o.step()
-        out.append(loss.item())
-    return out
-
-
 @pytest.mark.multiprocess
 def test_cpu_and_device_free_steps_run_on_a_cpu_cluster_and_a_cuda_step_does_not():
     m, x, y = _mlp()
-    ref = _torch_losses(m, x, y)
+    ref, _ = torch_steps(m, (x,), y, m.loss_fn, sl.SGD(lr=0.1), STEPS)
     st = sl.presets.data_parallel(2)
     cpu_step, free_step = _compile(m, x, y, st, "cpu"), _compile(m, x, y, st)
     cuda_step = _compile(m, x, y, st, "cuda")
