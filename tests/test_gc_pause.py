@@ -46,7 +46,9 @@ def test_objects_frozen_by_others_stay_frozen():
         assert frozen > 0
         with gc_paused():
             kept = [{"i": i} for i in range(100)]
-        assert gc.get_freeze_count() == frozen  # their permanent generation is untouched
+        # their permanent generation is untouched: not unfrozen (it would drop to 0), nothing added to it;
+        # a frozen object another thread frees meanwhile leaves it, so it may be a few smaller
+        assert frozen - 1000 <= gc.get_freeze_count() <= frozen
         assert kept[-1]["i"] == 99
     finally:
         gc.unfreeze()
