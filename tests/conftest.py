@@ -24,3 +24,13 @@ def one_torch_thread():
 settings.register_profile("small", max_examples=40, deadline=None)
 settings.register_profile("large", max_examples=10_000, deadline=None)
 settings.load_profile(os.environ.get("SBPLAB_HYPOTHESIS_PROFILE", "small"))
+
+
+def check_generated_doc(doc, text: str, how: str) -> None:
+    """A generated page equals what its generator renders now; SBPLAB_WRITE_DOCS=1 rewrites it."""
+    import os
+
+    if os.environ.get("SBPLAB_WRITE_DOCS") == "1":
+        doc.write_text(text)
+    assert doc.exists(), f"{doc.name} is missing: {how}"
+    assert doc.read_text() == text, f"{doc.name} is out of date: rewrite it with {how}"

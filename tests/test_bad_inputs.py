@@ -12,13 +12,13 @@ joins); the few checks that need live workers share one two-rank cluster per mod
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import check_generated_doc
 
 import sbplab as sl
 from sbplab.compiler.reference import torch_steps
@@ -306,11 +306,7 @@ def render(ns: dict) -> str:
 
 def test_the_catalogue_is_up_to_date(setup_ns):
     text = render(setup_ns)
-    if os.environ.get("SBPLAB_WRITE_DOCS") == "1":
-        DOC.write_text(text)
-    assert DOC.exists(), "docs/errors.md is missing: run SBPLAB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py"
-    assert DOC.read_text() == text, ("docs/errors.md is out of date with the messages; rewrite it with "
-                                     "SBPLAB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py")
+    check_generated_doc(DOC, text, "SBPLAB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py")
 
 
 def test_the_printed_form_of_an_sbp_parses_back():

@@ -7,11 +7,11 @@ The page is rendered in a fresh process: rules that other tests register from us
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import torch
+from conftest import check_generated_doc
 
 from sbplab.ops.aten import RULES, rule_for
 from sbplab.ops.aten.docs import DOC, families, render
@@ -22,11 +22,7 @@ RENDER = "import sys; from sbplab.ops.aten.docs import render; sys.stdout.write(
 def test_the_page_is_up_to_date():
     text = subprocess.run([sys.executable, "-c", RENDER], capture_output=True, text=True, check=True,
                           timeout=120).stdout
-    if os.environ.get("SBPLAB_WRITE_DOCS") == "1":
-        DOC.write_text(text)
-    assert DOC.exists(), "docs/ops.md is missing: run python -m sbplab.ops.aten.docs"
-    assert DOC.read_text() == text, ("docs/ops.md is out of date with sbplab/ops/aten/rules.py; rewrite it with "
-                                     "python -m sbplab.ops.aten.docs (or SBPLAB_WRITE_DOCS=1 pytest tests/test_ops_docs.py)")
+    check_generated_doc(DOC, text, "python -m sbplab.ops.aten.docs (or SBPLAB_WRITE_DOCS=1 pytest tests/test_ops_docs.py)")
 
 
 def test_every_declared_op_and_family_is_on_the_page():
