@@ -27,6 +27,7 @@ from .compiler import (
     from_torch,
     presets,
 )
+from .compiler.deduction.precision import Precision
 from .compiler.deduction.strategy import TensorParallelWarning
 from .compiler.frontend.aten_capture import CaptureError, LocalOnlyOpWarning, ReplicatedOpWarning
 from .compiler.frontend.from_torch import UnsupportedError, UnsupportedModelError
@@ -76,7 +77,7 @@ __all__ = [
     "InputTypeError", "LayoutError", "OpError", "PlanError", "RunError", "SbpError", "SearchError",
     "SignatureError", "SimulationError", "UnknownOpError", "UnsupportedError", "UnsupportedModelError",
     # compiler
-    "Adam", "AdamW", "Compiled", "GraphBuilder", "SGD", "Strategy", "compile", "compile_graph",
+    "Adam", "AdamW", "Compiled", "GraphBuilder", "Precision", "SGD", "Strategy", "compile", "compile_graph",
     "from_torch", "models", "presets",
     # ground truth: the same steps in plain single-device PyTorch
     "compare_with_torch", "torch_steps",

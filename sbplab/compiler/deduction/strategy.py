@@ -18,6 +18,8 @@ suggests close names. Presets' hints are ``required=False`` (their globs cover s
 families), and their Megatron pairs come from ``MegatronRule``s, resolved against the graph. What
 every hint matched is kept in ``strategy.report`` after deduction; ``strategy.explain(model)`` shows it
 without compiling.
+
+``precision`` and ``recompute`` (see ``precision.py``) say how the step trades memory for speed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ...ops.signature_text import HintError  # noqa: F401  (defined below the co
 from ...placement import DEVICE_TYPES, Placement
 from ...sbp import NdSbp, as_nd_sbp, fmt_sbp
 from ..ir import ROLES, Graph
+from .precision import Precision, check_recompute
 
 if TYPE_CHECKING:
     from .hint_report import HintReport
@@ -103,8 +106,13 @@ class Strategy:
     signatures: list[SignatureHint] = field(default_factory=list)
     megatron: list[MegatronRule] = field(default_factory=list)  # Megatron pairs, found in the graph
     report: HintReport | None = field(default=None, repr=False, compare=False)  # set by the last deduction
+    precision: Precision = field(default_factory=Precision)  # dtypes of compute, master weights, grads, states
+    recompute: str = "none"  # "none" | "full" | "selective": activations the backward recomputes
 
     def __post_init__(self) -> None:
+        if not isinstance(self.precision, Precision):
+            raise InputTypeError(f"Strategy.precision must be an sl.Precision, got {type(self.precision).__name__}")
+        check_recompute(self.recompute)
         if not isinstance(self.placement, Placement):
             raise InputTypeError(f"Strategy.placement must be an sl.Placement, got {type(self.placement).__name__}")
         if self.micro_batches < 1:
