@@ -100,9 +100,10 @@ def test_bad_runs_are_messages(editor):
     editor.mesh_text = "4"
     assert p.strategy_name == "data parallel x4" and p.ranks == 4
     p.set_state({"run_requests": 1})  # the page's run button
-    assert p.status == "done" and p.passed and p.error == ""
+    assert p.status == "done" and p.passed and p.error == "" and p.ran_for == "data parallel x4 on 4 rank(s)"
     editor.preset = "zero3"
     assert p.stale and p.strategy_name == "ZeRO-3 x4"
+    assert p.ran_for == "data parallel x4 on 4 rank(s)" and p.loss_rows  # the page names what the results are of
     with pytest.raises(TypeError, match="needs a StrategyEditor or a Compiled"):
         RunPanel("dp")
     with pytest.raises(TypeError, match="needs the BuiltModel and the optimizer"):
@@ -171,7 +172,7 @@ def test_page_state_and_testids():
     js = asset_path("run_panel.js").read_text()
     for tid in ("steps-input", "backend-select", "run-button", "progress", "status", "loss-table", "timeline",
                 "check", "error-message", "prediction", "prediction-table", "predict-error", "measured",
-                "compare-table"):
+                "compare-table", "stale-note", "results"):
         assert f'"{tid}"' in js
     assert ".rp-verdict.ok" in asset_path("run_panel.css").read_text()
 

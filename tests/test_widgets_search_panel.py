@@ -132,6 +132,8 @@ def test_the_page_buttons_search_and_open(builder):
     p.open_requests += 1
     assert p.error == "" and isinstance(p.editor, StrategyEditor)
     assert p.editor_ref == f"anywidget:{p.editor.model_id}"
+    p.search_requests += 1  # newer results: the editor showed the older search's strategy, so it goes
+    assert p.status == "done" and p.editor_ref == "" and p.editor_note == ""
 
 
 def test_opening_the_result_gives_an_editor_that_deduces_the_searched_signatures(builder):
@@ -191,6 +193,7 @@ def test_bad_requests_show_the_error_beside_the_last_good_result(builder):
     assert p.error == "" and p.stale  # a valid number; the table shown is for other settings
     assert p.search() is None
     assert p.status == "failed" and p.stale
+    assert p.progress == 0.0 and p.units_done == 0 and p.best_ms is None  # no part-filled bar beside the failure
     assert "no strategy fits memory_limit=10 B per device" in p.error and "the least memory any strategy needs" in p.error
     need = int(re.search(r"needs is (\d+) B", p.error).group(1))
     assert need > 10

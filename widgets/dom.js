@@ -92,7 +92,7 @@ export function useBaseCss(model) {
 
 // --- graph boxes: readable graphviz pictures with zoom and pan ------------------------------------------
 const MIN_FONT_PX = 9;  // the graph's smallest label is never drawn smaller than this
-const GROW = 1.5;  // a small graph may grow to this many times its natural size to fill the box
+const GROW = 1;  // a small graph opens at its natural size: never enlarged and pushed past the box's edge
 
 /**
  * Size the graphviz SVG in `box` the way sbplab.viz.zoom_box does for notebooks (every widget's graph box uses it): its viewBox kept, as
@@ -151,9 +151,14 @@ export function panZoom(box, bar) {
     box.scrollTop = (box.scrollTop + py) * k - py;
   };
   const width = () => (fit ? fit.svg.getBoundingClientRect().width : 0);
+  const fitWidth = () => {  // as wide as the box, and no taller than the box may grow (its max-height)
+    const vb = fit ? fit.svg.viewBox.baseVal : null, cap = parseFloat(getComputedStyle(box).maxHeight);
+    const tall = (cap > 0 ? cap : window.innerHeight * 0.8) - 2;
+    return vb && vb.width > 0 && vb.height > 0 ? Math.min(box.clientWidth, tall * vb.width / vb.height) : box.clientWidth;
+  };
   const buttons = [["zoom-in", "+", "zoom in (Ctrl/⌘ + wheel)", () => zoomTo(width() * 1.25)],
     ["zoom-out", "−", "zoom out", () => zoomTo(width() / 1.25)],
-    ["zoom-fit", "fit", "the whole graph in the box", () => { zoomTo(box.clientWidth); box.scrollLeft = box.scrollTop = 0; }],
+    ["zoom-fit", "fit", "the whole graph in the box, both ways", () => { zoomTo(fitWidth()); box.scrollLeft = box.scrollTop = 0; }],
     ["zoom-reset", "1:1", "readable size, top left", () => { fit = fitGraph(box); }]];
   for (const [id, text, title, act] of buttons) {
     const b = h("button", { type: "button", "data-testid": id, text, title });

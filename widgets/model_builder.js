@@ -62,7 +62,7 @@ function render({ model, el }) {
     text: "showing the last model that built; fix the error above to rebuild" });
   const summary = h("div", { class: "mb-summary", "data-testid": "model-summary" });
   const graph = h("div", { class: "mb-graph", "data-testid": "logical-graph" });
-  const zoomBar = h("div", { class: "sbplab-zoom", "data-testid": "graph-zoom" });
+  const zoomBar = h("div", { class: "sbplab-zoombar", "data-testid": "graph-zoom" });
   const zoom = panZoom(graph, zoomBar);
   const note = h("div", { class: "mb-note sbplab-note", "data-testid": "graph-note" });
   const dump = h("pre", { class: "mb-dump", "data-testid": "graph-text" });

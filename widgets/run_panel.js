@@ -6,7 +6,7 @@ const DERIVED = [
   "steps", "backend", "backends", "strategy_name", "ranks", "stale", "status", "progress", "steps_done",
   "run_losses", "stage_ms", "loss_rows",
   "loss_diff", "param_diff", "worst_param", "passed", "timeline_svg", "makespan_us", "firings", "wall_s", "note",
-  "error", "tol", "hardware_name", "predicted", "predict_error", "measured", "compare_text",
+  "error", "tol", "hardware_name", "predicted", "predict_error", "measured", "compare_text", "ran_for",
 ];
 
 // The helpers every widget shares (widgets/dom.js) arrive as the trait _dom_js and are imported here
@@ -26,7 +26,8 @@ function field(label, control) {
 }
 
 const sci = (x) => (x === 0 ? "0" : x.toExponential(2));
-const fmtMs = (ms) => (ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toPrecision(3)} ms`);
+const fmtMs = (ms) => (Math.abs(ms) < 5e-7 ? "0 ms"  // a sum's rounding (1.7e-15) is no time at all
+  : ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toPrecision(3)} ms`);
 const pct = (e) => `${e >= 0 ? "+" : ""}${(e * 100).toFixed(0)}%`;
 
 function render({ model, el }) {
@@ -54,11 +55,14 @@ function render({ model, el }) {
   const verdict = h("div", { class: "rp-verdict", "data-testid": "check" });
   const losses = h("table", { class: "rp-losses", "data-testid": "loss-table" });
   const timeline = h("div", { class: "rp-timeline", "data-testid": "timeline" });
+  // what the last run measured, under a banner naming its strategy once the strategy has changed
+  const staleNote = h("div", { class: "sbplab-note rp-stale-note", "data-testid": "stale-note" });
+  const results = h("section", { class: "rp-results", "data-testid": "results" }, staleNote, measured, compareBox,
+    verdict, losses, timeline);
 
   el.append(
     h("div", { class: "rp-inputs" }, field("steps", stepsIn), field("run on", backendSel), runBtn),
-    what, predicted, predError, predTable, h("div", { class: "rp-progress" }, bar, status), error, note, measured,
-    compareBox, verdict, losses, timeline,
+    what, predicted, predError, predTable, h("div", { class: "rp-progress" }, bar, status), error, note, results,
   );
 
   function drawPrediction() {
@@ -131,6 +135,11 @@ function render({ model, el }) {
       }
     }
     timeline.innerHTML = model.get("timeline_svg");  // SVG built in Python, text escaped there
+    const stale = model.get("stale") && !!model.get("ran_for");
+    results.classList.toggle("stale", stale);
+    staleNote.hidden = !stale;
+    staleNote.textContent = stale ? `the results below are of ${model.get("ran_for")}, before the strategy changed: `
+      + "run again to measure the strategy above" : "";
     drawPrediction();
   }
 

@@ -31,6 +31,7 @@ function field(label, control) {
 
 /** Milliseconds with three significant figures: 0.0123 ms, 1.23 ms, 123 ms. */
 function fmtMs(ms) {
+  if (Math.abs(ms) < 5e-7) return "0 ms";  // a sum's rounding (1.7e-15) is no time at all
   if (ms >= 100) return `${ms.toFixed(0)} ms`;
   return `${ms.toPrecision(3)} ms`;
 }
@@ -129,7 +130,7 @@ function render({ model, el }) {
   const collapseBox = h("input", { type: "checkbox", "data-testid": "graph-collapse" });
   collapseBox.addEventListener("change", () => commit("collapse", collapseBox.checked));
   const graph = h("div", { class: "se-graph", "data-testid": "physical-graph" });
-  const zoomBar = h("div", { class: "sbplab-zoom", "data-testid": "graph-zoom" });
+  const zoomBar = h("div", { class: "sbplab-zoombar", "data-testid": "graph-zoom" });
   const zoom = panZoom(graph, zoomBar);
   let shownSvg = null;
   const graphNote = h("div", { class: "se-note sbplab-note", "data-testid": "graph-note" });

@@ -90,11 +90,11 @@ def svg_size(svg: str) -> SvgSize:
 
 
 def zoom_box(svg: str, min_font_px: float = 9.0, max_height_px: int | None = 640, title: str = "",
-             grow: float = 1.5) -> str:
+             grow: float = 1.0) -> str:
     """``svg`` in a scrolling box of at most ``max_height_px`` (None: as tall as the picture): as wide
     as the box, never so small that its smallest text is under ``min_font_px`` pixels, never more
-    than ``grow`` times its natural size (a small graph fills the box; a layout picture, drawn to
-    scale, passes 1); with zoom and pan controls (see the module docstring)."""
+    than ``grow`` times its natural size (1: a small graph opens at its own size, never enlarged past
+    the cell's edge); with zoom and pan controls (see the module docstring)."""
     if grow < 1 or min_font_px <= 0:
         raise InputError(f"zoom_box needs grow >= 1 and min_font_px > 0, got grow={grow}, min_font_px={min_font_px}")
     size = svg_size(svg)
@@ -116,8 +116,28 @@ def zoom_box(svg: str, min_font_px: float = 9.0, max_height_px: int | None = 640
             f'<div class="sbplab-zoom-bar" style="display:none;gap:3px;justify-content:flex-end;'
             f'margin-bottom:3px;font:12px sans-serif">{_BUTTONS}</div>'
             f'<div class="sbplab-zoom-view" style="overflow:auto;{tall}cursor:grab;'
-            f'border:1px solid rgba(128,128,128,0.3);border-radius:4px;background:#fff">{body}</div>'
+            f'border:1px solid rgba(128,128,128,0.3);border-radius:4px;background:transparent;'
+            f'color:{INK}">{body}</div>'
+            f"<style>{themed_svg_css('#' + uid)}</style>"
             f"<script>{_SCRIPT.replace('UID', uid)}</script></div>")
+
+
+# The page's text colour (JupyterLab's, VS Code's, else near-black) for what graphviz draws on its page
+INK = "var(--jp-content-font-color1, var(--vscode-editor-foreground, #222))"
+
+
+def themed_svg_css(scope: str) -> str:
+    """CSS, scoped under ``scope``, that draws a graphviz picture on the page instead of on a white
+    sheet: its background transparent, and what sits on that background (black edges and arrowheads,
+    edge and cluster labels, the title) in the page's text colour, so the dark theme shows no white
+    card. Node fills are light pastels with their own dark text and are left as drawn."""
+    s = scope
+    return (f"{s} svg > g.graph > polygon:first-of-type{{fill:transparent}}"
+            f"{s} g.edge path[stroke='black'],{s} g.edge polygon[stroke='black'],"
+            f"{s} g.cluster polygon[stroke='black']{{stroke:currentColor}}"
+            f"{s} g.edge polygon[fill='black']{{fill:currentColor}}"
+            f"{s} g.edge text:not([fill]),{s} g.edge text[fill='black'],{s} g.cluster text:not([fill]),"
+            f"{s} svg > g.graph > text:not([fill]){{fill:currentColor}}")
 
 
 _BUTTONS = "".join(
@@ -125,7 +145,7 @@ _BUTTONS = "".join(
     f'border:1px solid rgba(128,128,128,0.5);border-radius:3px;background:rgba(255,255,255,0.9);'
     f'color:#333">{s}</button>'
     for k, s, t in (("in", "+", "zoom in (Ctrl/⌘ + wheel)"), ("out", "−", "zoom out"),
-                    ("fit", "fit", "whole picture in the box"), ("reset", "1:1", "readable size, top left")))
+                    ("fit", "fit", "the whole picture in the box, both ways"), ("reset", "1:1", "readable size, top left")))
 
 # Zoom sets the SVG's width in pixels (its height follows the viewBox); the view box scrolls, so
 # panning is scrolling. Zooming keeps the point under the pointer (or the box's centre) in place.
@@ -142,6 +162,12 @@ _SCRIPT = """(() => {
     return first.right - left <= view.clientWidth ? 0 : Math.max(0, first.left - left - view.clientWidth / 3);
   };
   view.scrollLeft = start();
+  const fitWidth = () => {  // the whole picture in the box: its width, and its height in the box's tallest
+    const vb = svg.viewBox.baseVal, cap = parseFloat(getComputedStyle(view).maxHeight);
+    const tall = (cap > 0 ? cap : window.innerHeight * 0.8) - 2;
+    return vb && vb.width > 0 && vb.height > 0 ? Math.min(view.clientWidth, tall * vb.width / vb.height)
+      : view.clientWidth;
+  };
   const zoomTo = (w, cx, cy) => {
     const old = svg.getBoundingClientRect().width || 1, r = view.getBoundingClientRect();
     const px = cx === undefined ? view.clientWidth / 2 : cx - r.left;
@@ -154,7 +180,7 @@ _SCRIPT = """(() => {
   root.querySelectorAll("button[data-zoom]").forEach((b) => b.addEventListener("click", () => {
     const w = svg.getBoundingClientRect().width, z = b.dataset.zoom;
     if (z === "in") zoomTo(w * 1.25); else if (z === "out") zoomTo(w / 1.25);
-    else if (z === "fit") { zoomTo(view.clientWidth); view.scrollLeft = view.scrollTop = 0; }
+    else if (z === "fit") { zoomTo(fitWidth()); view.scrollLeft = view.scrollTop = 0; }
     else { svg.style.width = "100%"; svg.style.minWidth = minW + "px"; svg.style.maxWidth = natW + "px";
            view.scrollTop = 0; view.scrollLeft = start(); }
   }));

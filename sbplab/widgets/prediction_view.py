@@ -35,6 +35,12 @@ def predict(c: Compiled, hw: Hardware) -> tuple[Prediction, dict[str, float]]:
     return pred, {"plan": (t1 - t0) * 1e3, "simulate": (t2 - t1) * 1e3}
 
 
+def _ms(seconds: float) -> float:
+    """Seconds as milliseconds, a difference's rounding residue (idle = span - busy = 1.7e-18 s) as 0."""
+    ms = seconds * 1e3
+    return 0.0 if abs(ms) < 1e-9 else ms
+
+
 def prediction_state(pred: Prediction) -> dict[str, Any]:
     """The page's view of a prediction: step time, the Hardware it is for, and per rank the predicted
     peak memory (with what it holds then) and where the step's time goes."""
@@ -44,8 +50,8 @@ def prediction_state(pred: Prediction) -> dict[str, Any]:
         b = pred.breakdown[r]
         ranks.append({"rank": r, "peak": int(pred.peak_memory[r]),
                       "memory": {k: int(v) for k, v in pred.memory_breakdown[r].items()},
-                      "compute_ms": b["compute"] * 1e3, "comm_ms": b["exposed communication"] * 1e3,
-                      "idle_ms": b["idle"] * 1e3})
+                      "compute_ms": _ms(b["compute"]), "comm_ms": _ms(b["exposed communication"]),
+                      "idle_ms": _ms(b["idle"])})
     return {"step_ms": pred.step_time * 1e3, "hardware": hw.name, "origin": hw.origin,
             "measured_fraction": pred.measured_fraction, "ranks": ranks}
 

@@ -58,6 +58,7 @@ class RunPanel(SbplabWidget):
     strategy_name = t.Unicode("").tag(sync=True)
     ranks = t.Int(0).tag(sync=True)
     stale = t.Bool(False).tag(sync=True)  # the strategy changed since the last run
+    ran_for = t.Unicode("").tag(sync=True)  # the strategy the results shown are of ("" before a run)
     status = t.Unicode("idle").tag(sync=True)  # idle, lowering, starting workers, running, checking..., done, failed
     progress = t.Float(0.0).tag(sync=True)  # 0..1
     steps_done = t.Int(0).tag(sync=True)  # steps of the current run finished so far
@@ -212,7 +213,7 @@ class RunPanel(SbplabWidget):
         self.steps_done, self.run_losses = 0, []
         self.loss_diff = self.param_diff = self.wall_s = 0.0
         self.passed, self.worst_param, self.stage_ms, self.result, self.check = False, "", {}, None, None
-        self.measured, self.compare_text = {}, ""
+        self.measured, self.compare_text, self.ran_for = {}, "", ""
         try:
             self._run(times, started)
         except Exception as e:  # shown inline; the message says what failed and where
@@ -263,7 +264,7 @@ class RunPanel(SbplabWidget):
                 self.measured, self.compare_text = measured_state(self.prediction, self.result)
         else:
             self.note = "the in-process executor keeps no trace: run on workers to see the timeline"
-        self._ran_version, self.stale = version, False
+        self._ran_version, self.stale, self.ran_for = version, False, f"{c.strategy.name} on {n} rank(s)"
         self._stage("done", times, started)
 
     def _cluster(self, n: int, times: dict[str, float], started: list[float]):

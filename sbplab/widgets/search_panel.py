@@ -176,6 +176,8 @@ class SearchPanel(SbplabWidget):
         except Exception as e:  # shown inline; the search's errors say what was wrong and what would be valid
             with self.hold_sync():
                 self.error, self.status, self.phase = error_text(e), "failed", ""
+                self.progress, self.units_done, self.units_total = 0.0, 0, 0  # no part-filled bar beside a failure
+                self.best_ms, self.best_label = None, ""
                 self.stale = self.result is not None
             return None
         self.result, self._result_inputs = res, inputs
@@ -209,6 +211,8 @@ class SearchPanel(SbplabWidget):
             self.seconds, self.note = res.seconds, "\n".join(notes)
             self.model_name = m.name
             self.status, self.phase, self.progress, self.stale = "done", "done", 1.0, False
+            # an editor opened on an older search's result would sit under these rows as if it were theirs
+            self.editor_ref, self.editor_note = "", ""
             self.version += 1
 
     # --- the result in the StrategyEditor ----------------------------------------------------------------------
