@@ -106,7 +106,9 @@ def test_parameters_sit_beside_the_op_that_reads_them(gpt_2x2):
 def test_zoom_box_checks_its_arguments():
     svg = '<svg width="100pt" viewBox="0 0 100 50"><text font-size="10">a</text></svg>'
     html = zoom_box(svg)
-    assert 'data-min-width="90"' in html and 'data-natural-width="200"' in html  # 1.5 x 133 px
+    assert 'data-min-width="90"' in html and 'data-natural-width="133"' in html  # never enlarged: its 100 pt
+    assert 'data-natural-width="200"' in zoom_box(svg, grow=1.5)  # 1.5 x 133 px when asked
+    assert "background:#fff" not in html and "fill:transparent" in html  # the theme's page, not a white sheet
     assert html.count("<svg") == 1 and "<script>" in html
     assert zoom_box(svg) != html  # two boxes of one picture get their own ids
     with pytest.raises(InputError, match="grow >= 1"):
