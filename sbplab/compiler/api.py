@@ -35,6 +35,7 @@ from .physical.graph import PhysicalGraph
 from .physical.local_executor import LocalExecutor, initial_shards
 from .physical.memory import MemoryReport, memory_report
 from .training.optim import as_optimizer
+from .training.recompute import SUFFIX, RecomputeReport, apply_recompute
 from .training.training_graph import trace_training_graph, training_graph
 
 
@@ -51,6 +52,7 @@ class Compiled:
     deduction: Deduction
     physical: PhysicalGraph
     memory: MemoryReport
+    recompute: RecomputeReport | None = None  # what Strategy.recompute cloned into the backward
     _plans: dict[tuple, ActorPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def plan(self, world_size: int | None = None, registers: int | None = None, outputs: bool = False,
@@ -110,10 +112,16 @@ def compile_graph(graph: Graph, optimizer: Any = None, strategy: Strategy | None
 
 
 def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | None = None) -> Compiled:
-    """Deduce, lower and size a training graph ``g`` (backward and update already added)."""
+    """Deduce, lower and size a training graph ``g`` (backward and update already added); with
+    ``strategy.recompute``, on a copy of ``g`` whose backward recomputes activations (``recompute.py``).
+    ``strategy.precision`` is how ``g`` was traced (``trace_training_graph(..., precision=...)``)."""
+    report = None
+    if strategy.recompute != "none" and not any(op.name.endswith(SUFFIX) for op in g.ops_in("backward")):
+        g = g.copy()
+        report = apply_recompute(g, strategy.recompute)
     d = deduce(g, strategy, hardware)
     phys = lower(d)
-    return Compiled(g, strategy, d, phys, memory_report(d, phys))
+    return Compiled(g, strategy, d, phys, memory_report(d, phys), report)
 
 
 def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None = None,
@@ -132,6 +140,11 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
         ``trace_training_graph``.
     device: "cpu" or "cuda" binds a device-free strategy (presets, search results) here; None leaves it
         device-free, bound by the cluster that runs it.
+
+    ``strategy.precision`` (mixed precision: captured under torch.autocast, fp32 master weights) and
+    ``strategy.recompute`` ("full": each layer recomputed in its backward; "selective": attention
+    cores) change the graph the runtime executes; see ``training/precision_pass.py`` and
+    ``training/recompute.py``.
     """
     if not isinstance(module, torch.nn.Module):
         raise InputTypeError(f"sl.compile needs a torch.nn.Module (for a hand-built graph use sl.compile_graph), "
@@ -142,5 +155,5 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
     strategy = bind_device(strategy or Strategy(as_mesh(1), name="single device"), device)
     optimizer = as_optimizer(optimizer)  # refused before tracing, with the sbplab optimizer to write instead
     g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer,
-                             capture=capture)
+                             capture=capture, precision=strategy.precision)
     return compile_training_graph(g, strategy, hardware)

@@ -2,8 +2,9 @@
 
 ``compare(model, inputs, target, optimizer, strategy, steps)`` compiles the model under the
 strategy, runs ``steps`` training steps in the LocalExecutor (every rank in this process), runs
-the same steps on a copy of the model with plain PyTorch, and reports the largest differences in
-loss and in every parameter. This is the check every preset must pass before any process starts.
+the same steps on a copy of the model with plain PyTorch (under torch.autocast with the strategy's
+mixed precision, accumulating its micro-batches; recomputation changes no value, so torch runs
+without it), and reports the largest differences in loss and in every parameter. This is the check every preset must pass before any process starts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 import torch
 
 from .api import Compiled, compile
+from .deduction.precision import DTYPES, Precision
 from .deduction.strategy import Strategy
+from .training.precision_pass import autocast, autocast_dtype
 
 
 @dataclass
@@ -41,17 +44,39 @@ class Comparison:
 
 
 def torch_steps(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, loss_fn: Callable,
-                optimizer: Any, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Train a deep copy of ``model`` for ``steps`` steps; returns the losses and final parameters."""
-    m = copy.deepcopy(model)
+                optimizer: Any, steps: int, *, precision: Precision | None = None,
+                micro_batches: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train a deep copy of ``model`` for ``steps`` steps; returns the losses and final parameters.
+
+    precision: mixed precision as torch runs it: the forward under ``torch.autocast`` (CPU) on
+        master weights of ``precision.master``, each gradient rounded to ``precision.grad`` and each
+        optimizer state to ``precision.optim_state`` after the step (what storing them in that dtype does).
+    micro_batches: gradient accumulation: the batch cut in M along dim 0, each micro-batch's loss
+        divided by M before ``backward``; the step's loss is the mean of theirs.
+    """
+    precision = precision or Precision()
+    m = copy.deepcopy(model).to(DTYPES[precision.master])
     opt = optimizer.torch(m.parameters())
+    cut = [t.chunk(micro_batches) for t in (*inputs, target)]
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = loss_fn(m(*inputs), target)
-        loss.backward()
+        total = 0.0
+        for k in range(micro_batches):
+            *xs, y = (c[k] for c in cut)
+            with autocast(autocast_dtype(precision)):
+                loss = loss_fn(m(*xs), y)
+            (loss / micro_batches).backward()
+            total += loss.item() / micro_batches
+        for p in m.parameters():
+            if p.grad is not None:
+                p.grad = p.grad.to(DTYPES[precision.grad]).to(p.dtype)
         opt.step()
-        losses.append(loss.item())
+        for state in opt.state.values():
+            for key, v in state.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    state[key] = v.to(DTYPES[precision.optim_state]).to(v.dtype)
+        losses.append(total if micro_batches > 1 else loss.item())
     return losses, {n: p.detach() for n, p in m.named_parameters()}
 
 
@@ -62,6 +87,7 @@ def compare(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, loss_fn
     ex = c.executor()
     feeds = dict(zip(c.graph.inputs, list(inputs) + [target]))
     losses = [ex.step(feeds) for _ in range(steps)]
-    ref_losses, ref_params = torch_steps(model, inputs, target, loss_fn, optimizer, steps)
+    ref_losses, ref_params = torch_steps(model, inputs, target, loss_fn, optimizer, steps,
+                                         precision=strategy.precision, micro_batches=strategy.micro_batches)
     err = {n: (ex.value(n) - p).abs().max().item() for n, p in ref_params.items()}
     return Comparison(losses, ref_losses, err, c)

@@ -140,12 +140,14 @@ def _op_name(target: Any) -> str:
 
 @without_gc
 def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor], loss_fn: Callable | None = None,
-                 targets: tuple[torch.Tensor, ...] = ()) -> tuple[Graph, dict[str, str]]:
+                 targets: tuple[torch.Tensor, ...] = (), autocast: torch.dtype | None = None,
+                 ) -> tuple[Graph, dict[str, str]]:
     """The joint graph of ``loss_fn(model(*args, **kwargs), *targets)`` (or the model's own loss) as
     a ``Graph`` with forward and backward ops; returns it and param -> gradient (one micro-batch).
 
     The loss's gradient seed is a ``fill`` op of value 1 (``aten_training_graph`` scales it for
-    micro-batches)."""
+    micro-batches). ``autocast``: a dtype to capture under ``torch.autocast`` (mixed precision: its
+    casts become ops of the graph, see ``training/precision_pass.py``)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     flat = (*args, *kwargs.values(), *targets)
@@ -153,8 +155,10 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
     step = _Step(traced, loss_fn, len(args), tuple(kwargs))
     names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
     try:
-        ep = torch.export.export(step, traced_flat, strict=False)
         with contextlib.ExitStack() as stack:
+            if autocast is not None:
+                stack.enter_context(torch.autocast("cpu", dtype=autocast))
+            ep = torch.export.export(step, traced_flat, strict=False)
             joint = aot_export_joint_with_descriptors(stack, ep.module(), traced_flat, decompositions=decompositions())
     except SbplabError:
         raise

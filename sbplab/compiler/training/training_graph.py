@@ -13,10 +13,19 @@ from typing import Any
 import torch
 
 from ...errors import SbplabError
+from ..deduction.precision import Precision
 from ..frontend.from_torch import from_torch
 from ..ir import Graph, GraphError
 from .autodiff import add_backward, attach_gradients
 from .optim import as_optimizer
+from .precision_pass import (
+    autocast_dtype,
+    cast_gradients,
+    cast_optimizer_states,
+    check_precision,
+    grads_to_master,
+    master_module,
+)
 
 
 def as_tensor_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -57,7 +66,8 @@ CAPTURES = ("auto", "aten", "fx")
 
 def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
                          target: torch.Tensor | None, micro_batches: int = 1, optimizer: Any = None,
-                         *, full_batch_graph: Graph | None = None, capture: str = "auto") -> Graph:
+                         *, full_batch_graph: Graph | None = None, capture: str = "auto",
+                         precision: Precision | None = None) -> Graph:
     """Trace ``module`` on the first micro-batch of ``example_inputs``/``target`` (one full batch)
     and build its training graph.
 
@@ -67,9 +77,17 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
         takes "fx" where it maps the whole model and "aten" otherwise (and for keyword inputs).
     full_batch_graph: the module already traced on the whole batch, reused when there is one
         micro-batch (tracing again would give the same graph).
+    precision: an ``sl.Precision`` other than plain fp32 is captured at ATen level under
+        ``torch.autocast`` (``precision_pass``); capture="fx" refuses it.
     """
     if capture not in CAPTURES:
         raise GraphError(f"capture must be one of {CAPTURES}, got {capture!r}")
+    if precision is not None and precision != Precision():
+        check_precision(precision)
+        if capture == "fx":
+            raise GraphError(f"capture='fx' cannot run {precision}: mixed precision is captured at ATen level "
+                             f"under torch.autocast; use capture='aten' or 'auto'")
+        return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer, precision)
     if capture == "aten" or (capture == "auto" and isinstance(example_inputs, dict)):
         return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer)
     try:
@@ -97,7 +115,8 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
 
 
 def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
-                        target: Any, micro_batches: int = 1, optimizer: Any = None) -> Graph:
+                        target: Any, micro_batches: int = 1, optimizer: Any = None,
+                        precision: Precision | None = None) -> Graph:
     """The training graph captured at ATen level (``aten_capture``): forward and backward from torch's
     autograd on the first micro-batch, gradients summed over ``micro_batches``, then ``optimizer``.
 
@@ -105,7 +124,11 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
         (``{"input_ids": x, "labels": y}`` for a transformers model that computes its own loss).
     target: what ``loss_fn(output, target)`` takes (a tensor or a tuple of them); None when the model
         returns its loss.
+    precision: mixed precision (``precision_pass``): master weights, autocast compute, gradient and
+        optimizer-state dtypes.
     """
+    precision = precision or Precision()
+    module = master_module(module, precision)
     from ..frontend.aten_capture import capture_aten
 
     kwargs = dict(example_inputs) if isinstance(example_inputs, dict) else {}
@@ -113,13 +136,17 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
     targets = () if target is None else as_tensor_tuple(target)
     flat = first_micro_batch([*args, *kwargs.values(), *targets], micro_batches)
     n, k = len(args), len(kwargs)
-    g, grads = capture_aten(module, flat[:n], dict(zip(kwargs, flat[n:n + k])), loss_fn, flat[n + k:])
+    g, grads = capture_aten(module, flat[:n], dict(zip(kwargs, flat[n:n + k])), loss_fn, flat[n + k:],
+                            autocast=autocast_dtype(precision))
     seed = g.op_by_name["loss.seed"]
     seed.attrs = {**seed.attrs, "value": 1.0 / micro_batches}  # d(mean over micro-batches)/d(loss)
-    attach_gradients(g, grads, micro_batches)
+    attach_gradients(g, cast_gradients(g, grads, precision), micro_batches)
     if micro_batches > 1:
         _buffer_updates_per_step(g, micro_batches)
+    grads_to_master(g)
+    before = set(g.tensors)
     as_optimizer(optimizer).build(g)
+    cast_optimizer_states(g, precision, before)
     return g
 
 
