@@ -27,8 +27,9 @@ from .compiler import (
     from_torch,
     presets,
 )
+from .compiler.deduction.parallel import DataParallel, Pipeline, TensorParallel, ZeRO, mesh
 from .compiler.deduction.precision import Precision
-from .compiler.deduction.strategy import TensorParallelWarning
+from .compiler.deduction.strategy import TensorParallelError, TensorParallelWarning
 from .compiler.frontend.aten_capture import CaptureError, LocalOnlyOpWarning, ReplicatedOpWarning
 from .compiler.frontend.from_torch import UnsupportedError, UnsupportedModelError
 from .compiler.reference import compare as compare_with_torch
@@ -75,10 +76,12 @@ __all__ = [
     # errors: every error sbplab raises on purpose is an SbplabError, and every one of them is here
     "SbplabError", "BoxingError", "ClusterError", "GraphError", "HintError", "InputError", "InputKeyError",
     "InputTypeError", "LayoutError", "OpError", "PlanError", "RunError", "SbpError", "SearchError",
-    "SignatureError", "SimulationError", "UnknownOpError", "UnsupportedError", "UnsupportedModelError",
+    "SignatureError", "SimulationError", "TensorParallelError", "UnknownOpError", "UnsupportedError", "UnsupportedModelError",
     # compiler
     "Adam", "AdamW", "Compiled", "GraphBuilder", "Precision", "SGD", "Strategy", "compile", "compile_graph",
     "from_torch", "models", "presets",
+    # parallelisms as rules over named mesh axes: sl.Strategy(sl.mesh(dp=2, tp=2), [sl.DataParallel("dp"), ...])
+    "DataParallel", "Pipeline", "TensorParallel", "ZeRO", "mesh",
     # ground truth: the same steps in plain single-device PyTorch
     "compare_with_torch", "torch_steps",
     # runtime and pictures

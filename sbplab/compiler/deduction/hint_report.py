@@ -1,5 +1,6 @@
-"""What a strategy's hints did to one graph: per hint the tensors it matched, per Megatron rule the
-pairs it found and the ones it refused, per signature hint the ops it forced.
+"""What a strategy's hints did to one graph: per hint the tensors it matched, per parallelism rule what
+it did and what it could not (a tensor-parallel rule: the pairs it found and the ones it refused), per
+signature hint the ops it forced.
 
 Hints work by name, and a name that matches nothing does nothing; this report is how a user sees
 that (``Strategy.explain(model)``, or ``strategy.report`` after a compile).
@@ -16,8 +17,7 @@ from ...sbp import fmt_sbp
 from ..ir import Graph
 
 if TYPE_CHECKING:
-    from .megatron import Pairing
-    from .megatron_rule import MegatronRule
+    from .parallel.base import ParallelRule, RuleUse
     from .signature_hints import SignatureHint
     from .strategy import Hint
 
@@ -29,7 +29,7 @@ class HintMatch:
     hint: Hint
     targets: list[str]
     skipped: list[str] = field(default_factory=list)
-    source: str = "user"  # "user", "preset" or the Megatron rule that made it
+    source: str = "user"  # "user", "preset" or the parallelism rule that made it
 
     def line(self) -> str:
         sbp = self.hint.sbp if isinstance(self.hint.sbp, str) else fmt_sbp(tuple(self.hint.sbp)) \
@@ -48,7 +48,7 @@ class HintReport:
 
     strategy: str
     matches: list[HintMatch]
-    pairings: list[tuple[MegatronRule, Pairing]] = field(default_factory=list)
+    rules: list[tuple[ParallelRule, RuleUse]] = field(default_factory=list)
     signatures: list[tuple[SignatureHint, list[str]]] = field(default_factory=list)
 
     def unmatched(self) -> list[HintMatch]:
@@ -56,11 +56,12 @@ class HintReport:
 
     def text(self) -> str:
         lines = [f"strategy {self.strategy!r}:"]
-        for rule, pairing in self.pairings:
+        for rule, use in self.rules:
             lines.append(f"  {rule.describe()}")
-            lines += [f"    {x}" for x in pairing.lines()] or ["    no column layer found"]
-            if pairing.unmatched:
-                lines.append(f"    globs naming no layer: {pairing.unmatched}")
+            lines += [f"    {x}" for x in use.lines] or ["    found nothing to act on"]
+            unmatched = getattr(use.pairing, "unmatched", None)
+            if unmatched:
+                lines.append(f"    globs naming no layer: {unmatched}")
         for m in self.matches:
             lines.append(f"  [{m.source}] {m.line()}")
         for h, ops in self.signatures:

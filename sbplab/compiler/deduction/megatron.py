@@ -38,6 +38,8 @@ class PairGroup:
     rows: list[str] = field(default_factory=list)  # op names of row-parallel layers the split reaches
     path: list[tuple[str, str, str]] = field(default_factory=list)  # (op, type, 1-D signature) in between
     broken: str | None = None
+    culprits: set[str] = field(default_factory=set)  # the columns whose split reached the op that broke it
+    heads: bool = False  # broken by a reshape into heads that do not divide the tensor-parallel degree
 
     @property
     def paired(self) -> bool:
@@ -61,6 +63,7 @@ class Pairing:
     unmatched: list[str]  # column/row globs that named no layer
     column: tuple[str, ...] = ()  # the globs that nominated the candidates
     row: tuple[str, ...] = ()
+    kept_whole: dict[str, str] = field(default_factory=dict)  # column op -> why it stays whole so its group pairs
 
     @property
     def pairs(self) -> list[PairGroup]:
@@ -68,6 +71,8 @@ class Pairing:
 
     def lines(self) -> list[str]:
         out = [g.describe() for g in self.groups]
+        out += [f"column candidate {c} kept whole (replicated over the tensor-parallel axis) so that its group "
+                f"pairs: {why}" for c, why in self.kept_whole.items()]
         out += [f"row candidate {r} left replicated: {why}" for r, why in self.lonely_rows.items()]
         return out
 
@@ -162,20 +167,46 @@ def _sigs(graph: Graph, op: OpNode, mesh: Placement) -> list[NdSignature]:
     return nd_signatures(op.type, [graph.tensors[t].meta for t in op.inputs], op.attrs, mesh)
 
 
-def _keeping_signature(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement) -> NdSignature | None:
-    """A signature reading split inputs as they are and the rest ``B``, with only split outputs."""
+def _keeping_signature(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement,
+                       sliceable: frozenset[str] | set[str] = frozenset()) -> NdSignature | None:
+    """A signature reading split inputs as they are and the rest ``B``, with only split outputs. An input
+    in ``sliceable`` (whole on every rank: a replicated KV head's tensor) may also be read split, since
+    taking a slice of a whole tensor costs nothing."""
     want = tuple((Split(split[t]),) if t in split else (B,) for t in op.inputs)
     for sig in _sigs(graph, op, mesh):
-        if sig.inputs == want and all(isinstance(o[0], Split) for o in sig.outputs):
+        if not all(isinstance(o[0], Split) for o in sig.outputs):
+            continue
+        if sig.inputs == want or all(got == w or (t in sliceable and isinstance(got[0], Split))
+                                     for t, got, w in zip(op.inputs, sig.inputs, want)):
             return sig
     return None
+
+
+RESHAPES = ("view", "reshape", "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 
 
 def _no_keep_reason(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement) -> str:
     have = ", ".join(f"{t} S({split[t]})" if t in split else f"{t} B" for t in op.inputs)
     valid = [one_d(s) for s in _sigs(graph, op, mesh)][:6]
-    return (f"{op.type} {op.name!r} cannot keep the split without communication: no signature reads "
-            f"{have} and makes split outputs (it has: {'; '.join(valid)})")
+    heads = _heads_reason(graph, op, split, mesh.size)
+    return (f"{op.type} {op.name!r} cannot keep the split without communication: "
+            + (f"{heads}; " if heads else "")
+            + f"no signature reads {have} and makes split outputs (it has: {'; '.join(valid)})")
+
+
+def _heads_reason(graph: Graph, op: OpNode, split: dict[str, int], tp: int) -> str | None:
+    """A reshape of split features into (heads, head_dim) whose heads do not divide ``tp``: said in words."""
+    if op.type not in RESHAPES or op.inputs[0] not in split:
+        return None
+    d = split[op.inputs[0]]
+    shape_in, shape_out = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
+    if len(shape_out) <= len(shape_in) or tuple(shape_out[:d]) != tuple(shape_in[:d]):
+        return None
+    heads = shape_out[d]
+    if heads % tp == 0:
+        return None
+    return (f"it reshapes the {shape_in[d]} split features into {heads} x {shape_out[d + 1]} (attention heads x "
+            f"head dim) and {heads} heads do not divide over {tp} tensor-parallel ranks")
 
 
 class _Groups:
@@ -206,11 +237,31 @@ class _Groups:
             keep.rows += g.rows
             keep.path += g.path
             keep.broken = keep.broken or g.broken
+            keep.culprits |= g.culprits
+            keep.heads = keep.heads or g.heads
         return roots[0]
 
 
 def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size: int) -> Pairing:
-    """Megatron groups of ``graph`` on a tensor-parallel axis of ``tp_size`` ranks (see module docstring)."""
+    """Megatron groups of ``graph`` on a tensor-parallel axis of ``tp_size`` ranks (see module docstring).
+
+    Columns whose split meets a reshape into heads that do not divide ``tp_size`` (grouped-query
+    attention's K and V projections with fewer KV heads than ranks) are tried again kept whole: their
+    tensors are then read split by slicing, which costs nothing, so the query heads and the output
+    projection can still pair (Megatron replicates KV heads likewise). ``Pairing.kept_whole`` says which
+    columns and why; when the query heads do not divide either, nothing of the attention pairs."""
+    kept: dict[str, str] = {}
+    while True:
+        found = _find_pairs(graph, column, row, tp_size, frozenset(kept))
+        more = {c: g.broken for g in found.groups if g.heads for c in sorted(g.culprits - set(kept))}
+        if not more:
+            found.kept_whole = kept
+            return found
+        kept.update(more)
+
+
+def _find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size: int,
+                whole: frozenset[str]) -> Pairing:
     mesh = Placement("cpu", tp_size)
     fwd = [op for op in graph.ops if op.phase == "forward"]
     modules = {op.name: weight_module(graph, op) for op in fwd}
@@ -219,20 +270,28 @@ def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size:
     groups = _Groups()
     split: dict[str, int] = {}  # tensor -> split dim, while it flows from a column layer
     owner: dict[str, int] = {}  # tensor -> group id
+    origin: dict[str, frozenset[str]] = {}  # tensor -> the column ops whose split it carries
+    sliceable: set[str] = set()  # whole tensors computed only from columns kept whole: read split for free
     too_small: list[str] = []
     for op in fwd:
         mine = [t for t in op.inputs if t in split]
         if not mine:
-            if modules[op.name] and _matches(modules[op.name], column):
+            if op.name in whole:
+                sliceable.update(op.outputs)
+            elif modules[op.name] and _matches(modules[op.name], column):
                 dim = _column_split(graph, op, mesh)
                 if dim is None:
                     too_small.append(op.name)
                     continue
                 gid = groups.new(op.name)
                 split[op.outputs[0]], owner[op.outputs[0]] = dim, gid
+                origin[op.outputs[0]] = frozenset({op.name})
+            elif any(t in sliceable for t in op.inputs) and not linear_use(graph, op):
+                sliceable.update(op.outputs)
             continue
         gid = groups.union([owner[t] for t in mine])
         g = groups.group[gid]
+        came = frozenset().union(*(origin[t] for t in mine))
         use = linear_use(graph, op) if op.name in is_row else None
         if use is not None and mine == [op.inputs[use.data]]:
             if _row_accepts(graph, op, split[op.inputs[use.data]], mesh):
@@ -240,14 +299,18 @@ def find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size:
             else:
                 g.broken = g.broken or (f"row layer {op.name!r} cannot take its input split "
                                         f"S({split[op.inputs[use.data]]}) with its weight split by input features")
+                g.culprits |= came
             continue
-        sig = _keeping_signature(graph, op, split, mesh)
+        sig = _keeping_signature(graph, op, split, mesh, sliceable)
         if sig is None:
-            g.broken = g.broken or _no_keep_reason(graph, op, split, mesh)
+            if g.broken is None:
+                g.broken = _no_keep_reason(graph, op, split, mesh)
+                g.heads = _heads_reason(graph, op, split, tp_size) is not None
+            g.culprits |= came
             continue
         g.path.append((op.name, op.type, one_d(sig)))
         for o, s in zip(op.outputs, sig.outputs):
-            split[o], owner[o] = s[0].dim, gid
+            split[o], owner[o], origin[o] = s[0].dim, gid, came
     for t, gid in owner.items():
         g = groups.group[groups.find(gid)]
         readers = graph.consumers(t)

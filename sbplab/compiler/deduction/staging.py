@@ -107,7 +107,7 @@ def assign_placements(graph: Graph, strategy: Strategy, hardware: Hardware | Non
     last = max(fstage.values(), default=0)
     # with weights split inside a stage, gradient parts are partial sums that cross 1:1 and are reduced
     # where they are summed; summing them on the later stage would make the crossing all-to-all
-    tensor_parallel = bool(strategy.megatron or strategy.signatures or any(h.pin for h in strategy.hints))
+    tensor_parallel = strategy.splits_weights
     pending_fills: list[OpNode] = []
     for op in graph.ops:
         if op.phase == "forward":

@@ -15,7 +15,10 @@ compiled device-free is bound by the cluster that runs it.
 
 A hint a user writes must match something: a pattern that matches nothing is a ``HintError`` that
 suggests close names. Presets' hints are ``required=False`` (their globs cover several model
-families), and their Megatron pairs come from ``MegatronRule``s, resolved against the graph. What
+families). Parallelism rules (``DataParallel("dp")``, ``ZeRO(3, "dp")``, ``TensorParallel("tp")``,
+``Pipeline("pp", ...)``, see ``parallel/``) may stand in the hint list: each names a mesh axis and,
+once the graph is known, hands deduction its hints and says what it did (presets are compositions of
+them). What
 every hint matched is kept in ``strategy.report`` after deduction; ``strategy.explain(model)`` shows it
 without compiling.
 
@@ -42,12 +45,16 @@ from .precision import Precision, check_recompute
 
 if TYPE_CHECKING:
     from .hint_report import HintReport
-    from .megatron_rule import MegatronRule
+    from .parallel.base import ParallelRule
     from .signature_hints import SignatureHint
 
 
 class TensorParallelWarning(UserWarning):
-    """A Megatron rule found no column/row pair in a model: its tensor-parallel axis splits nothing."""
+    """A tensor-parallel rule left layers whole (or, when the rule may miss, split nothing in a model)."""
+
+
+class TensorParallelError(HintError):
+    """A ``TensorParallel`` rule split nothing in the model: its mesh axis would only repeat the work."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,9 @@ DEFAULT_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb
 class Strategy:
     """How to parallelise a training graph.
 
-    ``placement`` is where everything runs by default. With ``stages`` (one placement per
+    ``placement`` is where everything runs by default. ``hints`` may hold parallelism rules as well as
+    hints (``Strategy(sl.mesh(dp=2, tp=2), [sl.DataParallel("dp"), sl.TensorParallel("tp")])``): they
+    move to ``rules``, and each sets itself up (a ``Pipeline`` cuts the mesh into stages). With ``stages`` (one placement per
     pipeline stage, all with the same mesh rank), forward ops are cut into contiguous stages,
     balanced by FLOPs unless ``stage_of`` maps module prefixes to stage numbers; backward and
     update ops follow their forward op. ``micro_batches`` splits each step's batch. ``signatures``
@@ -104,17 +113,28 @@ class Strategy:
     name: str = "custom"
     bucket_mb: float = DEFAULT_BUCKET_MB
     signatures: list[SignatureHint] = field(default_factory=list)
-    megatron: list[MegatronRule] = field(default_factory=list)  # Megatron pairs, found in the graph
+    rules: list[ParallelRule] = field(default_factory=list)  # parallelisms over named mesh axes
     report: HintReport | None = field(default=None, repr=False, compare=False)  # set by the last deduction
     precision: Precision = field(default_factory=Precision)  # dtypes of compute, master weights, grads, states
     recompute: str = "none"  # "none" | "full" | "selective": activations the backward recomputes
 
     def __post_init__(self) -> None:
+        from .parallel.base import ParallelRule
+
+        items = list(self.hints)
+        self.hints = [h for h in items if not isinstance(h, ParallelRule)]
+        self.rules = [*self.rules, *(r for r in items if isinstance(r, ParallelRule))]
+        bad = [x for x in (*self.hints, *self.rules) if not isinstance(x, (Hint, ParallelRule))]
+        if bad:
+            raise InputTypeError(f"Strategy hints are sl.Hint or parallelism rules (sl.DataParallel, sl.ZeRO, "
+                                 f"sl.TensorParallel, sl.Pipeline); got {type(bad[0]).__name__}: {bad[0]!r}")
         if not isinstance(self.precision, Precision):
             raise InputTypeError(f"Strategy.precision must be an sl.Precision, got {type(self.precision).__name__}")
         check_recompute(self.recompute)
         if not isinstance(self.placement, Placement):
             raise InputTypeError(f"Strategy.placement must be an sl.Placement, got {type(self.placement).__name__}")
+        for rule in self.rules:
+            rule.setup(self)
         if self.micro_batches < 1:
             raise InputError(f"Strategy.micro_batches must be >= 1, got {self.micro_batches}")
         if not self.bucket_mb >= 0:
@@ -168,29 +188,54 @@ class Strategy:
         self.hints.append(Hint(op_pattern, sbp, why, input_grad=index, required=required))
         return self
 
+    @property
+    def splits_weights(self) -> bool:
+        """Whether some weight is split inside a stage (tensor parallel, signature hints or pins)."""
+        return any(r.splits_weights for r in self.rules) or bool(self.signatures) or any(h.pin for h in self.hints)
+
+    @property
+    def schedule(self) -> str | None:
+        """The pipeline schedule a ``Pipeline`` rule names; None without one."""
+        return next((r.schedule for r in self.rules if hasattr(r, "schedule")), None)
+
     def match_report(self, graph: Graph) -> HintReport:
-        """What each hint, Megatron rule and signature hint matches in ``graph``; raises nothing."""
+        """What each hint, parallelism rule and signature hint matches in ``graph``; raises nothing but
+        the errors of a rule's own arguments (an axis the mesh lacks, globs naming no layer)."""
         from .hint_report import HintMatch, HintReport
 
-        mesh = self.stages[0] if self.stages else self.placement
         by_role = _by_role(graph)
-        matches, pairings = [], []
-        for rule in self.megatron:
-            pairing = rule.pairing(graph, mesh.shape[rule.axis])
-            pairings.append((rule, pairing))
-            if not pairing.pairs:
-                lines = pairing.lines()
-                why = (f"{len(lines)} candidate group(s), none paired; first: {lines[0][:240]}" if lines
-                       else "no layer with a weight read by a matmul")
-                warnings.warn(f"{self.name}: tensor parallelism split nothing in this model ({why}); these "
-                              f"layers run whole on every rank of mesh axis {rule.axis}; strategy.explain(model) "
-                              f"says why for each", TensorParallelWarning, stacklevel=2)
-            matches += [HintMatch(h, self._targets(graph, h, by_role), source="Megatron rule")
-                        for h in rule.hints(graph, pairing)]
+        matches, uses = [], []
+        for rule in self.rules:
+            use = rule.resolve(graph, self)
+            uses.append((rule, use))
+            matches += [HintMatch(h, self._targets(graph, h, by_role), source=rule.describe()) for h in use.hints]
         matches += [HintMatch(h, self._targets(graph, h, by_role), source="user" if h.required else "preset")
                     for h in self.hints]
         sigs = [(h, [op.name for op in graph.ops if fnmatch.fnmatchcase(op.name, h.pattern)]) for h in self.signatures]
-        return HintReport(self.name, matches, pairings, sigs)
+        return HintReport(self.name, matches, uses, sigs)
+
+    def _say(self, report: HintReport) -> None:
+        """At compile time: a tensor-parallel rule that split nothing is an error (a warning for the
+        presets' rules, which meet every model), and one that left layers whole warns naming them."""
+        for rule, use in report.rules:
+            if not getattr(rule, "splits_weights", False):
+                continue
+            if not use.applied:
+                first = use.warnings[0][:240] if use.warnings else "no layer with a weight read by a matmul"
+                why = f"{len(use.warnings)} layer group(s) left whole; first: {first}"
+                if getattr(rule, "required", True):
+                    raise TensorParallelError(
+                        f"tensor_parallel split nothing in this model ({rule.describe()} on {self.name!r}): {why}; "
+                        f"strategy.explain(model) says why for each layer; drop the rule or split layers by hand "
+                        f"with hints")
+                warnings.warn(f"{self.name}: tensor parallelism split nothing in this model ({why}); these layers "
+                              f"run whole on every rank of mesh axis {rule.axis}; strategy.explain(model) says why "
+                              f"for each", TensorParallelWarning, stacklevel=3)
+            elif use.warnings:
+                shown = "; ".join(use.warnings[:6]) + (f"; ... ({len(use.warnings)} in all)" if len(use.warnings) > 6
+                                                      else "")
+                warnings.warn(f"{self.name}: {rule.describe()} left some layers whole ({shown})",
+                              TensorParallelWarning, stacklevel=3)
 
     def explain(self, model: Any, example_inputs: Any = None, loss_fn: Callable | None = None,
                 target: Any = None) -> str:
@@ -229,8 +274,7 @@ class Strategy:
         from .hint_report import unmatched_message
 
         report = self.match_report(graph)
-        for rule, pairing in report.pairings:
-            rule.check(graph, pairing)
+        self._say(report)
         store: dict[str, tuple[NdSbp, Hint]] = {}
         use: dict[str, tuple[NdSbp, Hint]] = {}
         for m in report.matches:
@@ -284,7 +328,7 @@ def bind_device(strategy: Strategy, device_type: str | None) -> Strategy:
     if all(p.device_type == device_type for p in strategy.placements):
         return strategy
     bound = replace(strategy, hints=list(strategy.hints), stage_of=dict(strategy.stage_of),
-                    signatures=list(strategy.signatures), megatron=list(strategy.megatron), report=None)
+                    signatures=list(strategy.signatures), rules=list(strategy.rules), report=None)
     bound._bind(device_type)
     return bound
 

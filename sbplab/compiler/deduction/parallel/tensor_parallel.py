@@ -1,0 +1,255 @@
+"""Megatron tensor parallel as a rule over one named mesh axis, found from the graph's structure.
+
+``TensorParallel("tp")`` meets the training graph and splits what Megatron splits:
+
+- column/row pairs (``megatron.find_pairs``): a layer whose weight is split by output features feeds,
+  through ops that keep the split without talking (activations, a reshape into heads, attention), a
+  layer whose weight is split by input features; one all-reduce forward (g) and one backward (f) per
+  pair. Grouped-query attention whose KV heads do not divide the axis keeps K and V whole (replicated,
+  read split by slicing) and still splits the query heads; heads that do not divide at all are said.
+- the embedding over the vocabulary (VocabParallelEmbedding): each rank looks up the ids in its rows,
+  zeros for the rest, a partial sum all-reduced.
+- the output layer over the vocabulary: the language-model head whose output features are the
+  vocabulary, its logits gathered for the loss (Megatron's ``gather_output``; a cross entropy on
+  vocabulary shards is not expressible as one op here, see docs/architecture.md).
+- ``sequence_parallel``: the row outputs and the embedding are reduce-scattered over the sequence
+  (``S(1)`` of ``(B, T, C)``, ``S(0)`` of a flattened ``(B*T, C)``) instead of all-reduced, the norms and
+  residual adds between blocks run on sequence shards, and each column layer's input is all-gathered.
+
+Names (``column``/``row`` globs) only nominate candidates; when the default globs name no layer, every
+layer with a weight is a candidate and the structure alone decides.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from ....sbp import B, S
+from ..megatron import Pairing, find_pairs, linear_use, weight_module
+from ..signature_hints import escape
+from .base import ParallelRule, RuleUse, on_axis, stage_mesh
+
+if TYPE_CHECKING:
+    from ...ir import Graph, OpNode
+    from ..strategy import Hint, Strategy
+
+COLUMN = ("*fc1", "*.q", "*.k", "*.v", "*conv1")  # weight (out, in) split by output features
+ROW = ("*fc2", "*.proj", "*conv2")  # weight split by input features; output is P
+EMBEDDINGS = ("embedding", "aten.embedding.default")  # (ids, weight) and (weight, ids)
+
+
+@dataclass(frozen=True)
+class TensorParallel(ParallelRule):
+    """Megatron tensor parallel over mesh axis ``axis`` (see the module docstring).
+
+    ``vocab``: also split the embedding and the output layer over the vocabulary. ``required``: a rule
+    that splits nothing in the model is a ``TensorParallelError`` at compile time (False: a
+    ``TensorParallelWarning``, what the presets use since their defaults meet every model). User
+    ``column``/``row`` globs must each name a layer."""
+
+    axis: str | int = "tp"
+    sequence_parallel: bool = False
+    column: tuple[str, ...] = COLUMN
+    row: tuple[str, ...] = ROW
+    vocab: bool = True
+    required: bool = True
+
+    splits_weights: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "column", tuple(self.column))
+        object.__setattr__(self, "row", tuple(self.row))
+
+    @property
+    def strict(self) -> bool:
+        return self.column != COLUMN or self.row != ROW
+
+    def describe(self) -> str:
+        sp = ", sequence_parallel=True" if self.sequence_parallel else ""
+        globs = f", column={list(self.column)}, row={list(self.row)}" if self.strict else ""
+        return f"TensorParallel({self.axis!r}{sp}{globs})"
+
+    def pairing(self, graph: Graph, tp: int) -> Pairing:
+        """The pairs the globs nominate; when the default globs name no layer, the structure alone."""
+        found = find_pairs(graph, self.column, self.row, tp)
+        if not self.strict and not found.pairs and len(found.unmatched) == len(self.column) + len(self.row):
+            return find_pairs(graph, ("*",), ("*",), tp)
+        return found
+
+    def check_globs(self, graph: Graph, pairing: Pairing) -> None:
+        """User globs naming no layer are an error with close names."""
+        from ..strategy import HintError
+
+        if not self.strict or not pairing.unmatched:
+            return
+        modules = sorted({m for op in graph.ops if (m := weight_module(graph, op))})
+        bad = []
+        for g in pairing.unmatched:
+            close = difflib.get_close_matches(g, modules, n=3, cutoff=0.5)
+            bad.append(f"{g!r} (close: {close})" if close else repr(g))
+        raise HintError(f"{self.describe()}: {', '.join(bad)} match no layer with a weight; layers are: "
+                        f"{', '.join(modules[:20])}{' ...' if len(modules) > 20 else ''}")
+
+    def resolve(self, graph: Graph, strategy: Strategy) -> RuleUse:
+        mesh = stage_mesh(strategy)
+        a = self.axis_index(mesh)
+        tp = mesh.shape[a]
+        dp = [ax for r in strategy.rules if type(r).__name__ == "DataParallel" for ax in r.axes(strategy)
+              if ax != a]
+        ctx = _Ctx(graph, a, mesh.ndim, dp, self.sequence_parallel)
+        pairing = self.pairing(graph, tp)
+        self.check_globs(graph, pairing)
+        hints = _pair_hints(ctx, pairing)
+        lines, warns = pairing.lines(), []
+        embeds, heads = ([], []) if not self.vocab else _vocab(ctx, pairing, tp)
+        for kind, op, ok, why in embeds + heads:
+            lines.append(f"{kind} {op.name} over the vocabulary: " + ("split" if ok else f"kept whole: {why}"))
+            if not ok:
+                warns.append(f"{kind} {_module(graph, op)}: {why}")
+        hints += _vocab_hints(ctx, [x for x in embeds if x[2]], [x for x in heads if x[2]])
+        for g in pairing.groups:
+            if not g.paired:
+                warns.append(f"{', '.join(_module(graph, graph.op_by_name[c]) for c in g.columns)}: {g.broken}")
+        warns += [f"{_module(graph, graph.op_by_name[c])} kept whole: {why}" for c, why in pairing.kept_whole.items()]
+        applied = bool(pairing.pairs) or any(x[2] for x in embeds + heads)
+        return RuleUse(hints, lines, warns, applied, pairing)
+
+
+def _module(graph: Graph, op: OpNode) -> str:
+    return weight_module(graph, op) or op.name
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    graph: Graph
+    axis: int
+    ndim: int
+    dp: list[int]
+    sequence_parallel: bool
+
+    def nd(self, x: object) -> tuple:
+        return on_axis(self.axis, self.ndim, x)
+
+    def whole(self) -> tuple:
+        """Whole on the tensor-parallel axis, the batch split on the data-parallel ones."""
+        return tuple(S(0) if a in self.dp else B for a in range(self.ndim))
+
+    def between_blocks(self, name: str) -> tuple:
+        """What an activation between blocks is on the tp axis: whole, or under sequence parallel split by
+        the sequence (dim 1 of (B, T, C), dim 0 of a flattened (B*T, C))."""
+        if not self.sequence_parallel:
+            return self.whole()
+        shape = self.graph.tensors[name].shape
+        seq = 1 if len(shape) >= 3 else 0
+        return tuple(S(0) if a in self.dp else S(seq) if a == self.axis else B for a in range(self.ndim))
+
+
+def _hint(pattern: str, names: list[str], sbp: object, why: str, out: list[Hint], **kw) -> None:
+    from ..strategy import Hint
+
+    mine = tuple(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    if mine:
+        out.append(Hint(pattern, sbp, why, required=False, only=mine, **kw))
+
+
+def _pair_hints(ctx: _Ctx, pairing: Pairing) -> list[Hint]:
+    """Megatron's hints restricted (``Hint.only``) to the layers of real pairs; patterns are the globs that
+    nominated them, so explanations quote them as a user would write them."""
+    graph, out = ctx.graph, []
+    cols = [graph.op_by_name[c] for g in pairing.pairs for c in g.columns]
+    rows = [graph.op_by_name[r] for g in pairing.pairs for r in g.rows]
+    col_uses = [(op, linear_use(graph, op)) for op in cols]
+    row_uses = [(op, linear_use(graph, op)) for op in rows]
+    for c in pairing.column:
+        for dim in (0, 1):  # an nn.Linear's weight is (out, in), a Conv1D's (in, out)
+            _hint(f"{c}.weight", [u.param for _, u in col_uses if u.param_out == dim], ctx.nd(S(dim)),
+                  "Megatron column parallel", out, role="param", pin=True)
+        _hint(f"{c}.bias", [op.inputs[u.bias] for op, u in col_uses if u.bias is not None and len(op.inputs) > u.bias],
+              ctx.nd(S(0)), "Megatron column parallel", out, role="param")
+    for r in pairing.row:
+        for dim in (0, 1):
+            _hint(f"{r}.weight", [u.param for _, u in row_uses if u.param_in == dim], ctx.nd(S(dim)),
+                  "Megatron row parallel", out, role="param", pin=True)
+    for op, u in col_uses:
+        x = op.inputs[u.data]
+        if graph.input_grads:  # the fx path's autodiff records each op's input gradients
+            what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
+            _hint(escape(op.name), [op.name], ctx.between_blocks(x), f"Megatron f: the input's gradient is {what}",
+                  out, input_grad=u.data)
+        if ctx.sequence_parallel:
+            _hint(escape(x), [x], ctx.whole(), "sequence parallel: the column input all-gathered", out, use=True)
+    for op in rows:
+        o = op.outputs[0]
+        why = "sequence parallel: the output reduce-scattered over the sequence" if ctx.sequence_parallel \
+            else "Megatron g: the output is all-reduced"
+        _hint(escape(o), [o], ctx.between_blocks(o), why, out, role="activation")
+    return out
+
+
+def _embedding_parts(op: OpNode) -> tuple[str, str]:
+    """(ids, weight) of an embedding op, whatever order its type takes them in."""
+    return (op.inputs[0], op.inputs[1]) if op.type == "embedding" else (op.inputs[1], op.inputs[0])
+
+
+def _vocab(ctx: _Ctx, pairing: Pairing, tp: int) -> tuple[list, list]:
+    """Embeddings and language-model heads, each as (kind, op, splits, why not)."""
+    graph = ctx.graph
+    fwd = [op for op in graph.ops if op.phase == "forward"]
+    embeds, vocab_sizes = [], set()
+    for op in fwd:
+        if op.type not in EMBEDDINGS:
+            continue
+        ids, w = _embedding_parts(op)
+        wt = graph.tensors[w]
+        if wt.role != "param" or len(wt.shape) != 2:
+            continue
+        vocab_sizes.add(wt.shape[0])
+        if op.type != "embedding":
+            embeds.append(("embedding", op, False, "the captured ATen embedding has no vocabulary-parallel rule "
+                                                  "here (sbplab's own embedding op has one)"))
+        elif wt.shape[0] % tp:
+            embeds.append(("embedding", op, False, f"its {wt.shape[0]} rows do not divide over {tp} ranks"))
+        elif wt.shape[0] < 2 * tp or "position" in w or w.startswith("wpe") or ".wpe" in w:
+            embeds.append(("embedding", op, False, "a position table, not a vocabulary: it stays whole"))
+        else:
+            embeds.append(("embedding", op, True, ""))
+    paired = {c for g in pairing.pairs for c in g.columns}
+    heads = []
+    for op in fwd:
+        use = linear_use(graph, op)
+        if use is None or op.name in paired:
+            continue
+        p = graph.tensors[use.param]
+        if p.shape[use.param_out] not in vocab_sizes:
+            continue
+        if p.shape[use.param_out] % tp:
+            heads.append(("output layer", op, False, f"its {p.shape[use.param_out]} outputs do not divide over {tp}"))
+        else:
+            heads.append(("output layer", op, True, ""))
+    return embeds, heads
+
+
+def _vocab_hints(ctx: _Ctx, embeds: list, heads: list) -> list[Hint]:
+    graph, out = ctx.graph, []
+    for _, op, _, _ in embeds:
+        _, w = _embedding_parts(op)
+        _hint(escape(w), [w], ctx.nd(S(0)), "Megatron vocab-parallel embedding: rows split by vocabulary", out,
+              role="param", pin=True)
+        o = op.outputs[0]
+        why = "vocab-parallel embedding: the partial lookups reduce-scattered over the sequence" \
+            if ctx.sequence_parallel else "vocab-parallel embedding: the partial lookups all-reduced"
+        _hint(escape(o), [o], ctx.between_blocks(o), why, out, role="activation")
+    for _, op, _, _ in heads:
+        use = linear_use(graph, op)
+        _hint(escape(use.param), [use.param], ctx.nd(S(use.param_out)), "Megatron output layer: split by vocabulary",
+              out, role="param", pin=True)
+        o = op.outputs[0]
+        _hint(escape(o), [o], ctx.whole(), "Megatron output layer: the logits gathered for the loss", out,
+              role="activation")
+        if graph.input_grads:
+            _hint(escape(op.name), [op.name], ctx.whole(), "Megatron f: the input's gradient is all-reduced", out,
+                  input_grad=use.data)
+    return out
