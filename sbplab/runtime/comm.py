@@ -43,7 +43,8 @@ class Comm:
     @staticmethod
     def init(rank: int, world_size: int, device_type: str, init_method: str | None,
              timeout_s: float = 1800.0, store: object | None = None) -> None:
-        """Join the world group through ``store`` (a TCPStore) or ``init_method`` (e.g. env://)."""
+        """Join the world group through ``store`` (a spawned cluster's private FileStore) or ``init_method``
+        (e.g. env:// under torchrun)."""
         kw: dict = {"store": store} if store is not None else {"init_method": init_method}
         if device_type == "cuda":
             kw["device_id"] = torch.device("cuda", torch.cuda.current_device())

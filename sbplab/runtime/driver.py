@@ -12,6 +12,10 @@ are what failed the collective); in a hang, a stopped process (SIGSTOP) or a ran
 answer comes before one inside a kernel, and that before ranks waiting in collectives. A worker that
 does not answer the clock pings before a run (stopped while idle) ends that run at once.
 
+A worker that dies without a word on its connection (a C++ abort inside Gloo, a segfault) often said why
+on stderr only: a spawned worker's last stderr lines are quoted in the error (``spawn``). A cluster
+closed from another thread while a run goes makes that run end with a ClusterError that says so.
+
 Between runs nothing should arrive from a worker: a readable connection (end of file: the worker was
 OOM-killed or interrupted) or an ended process makes the driver unhealthy, so the next run starts
 fresh workers instead of failing on a broken pipe.
@@ -25,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from ..errors import InputError, InputTypeError
+from ..errors import ClusterError, InputError, InputTypeError
 from .actor_plan import ActorPlan
 from .diagnose import exit_text, process_state, stopped_text
 from .executor import RunSpec
@@ -36,6 +40,7 @@ from .trace import build_trace
 from .wire import recv, send
 
 PEER_DEATH_GRACE_S = 1.0  # after a rank's communication fails, how long to look for a peer that died
+STDERR_LINES_QUOTED = 12  # of a dead worker's stderr, in the error
 
 
 @dataclass
@@ -71,10 +76,15 @@ class Driver:
     """Talks to ``n`` joined workers. incoming: authenticated ``(Connection, hello)`` pairs (``Acceptor``);
     procs: spawned ``WorkerProcess``es (empty for external workers); activity: per-rank activity slots."""
 
-    def __init__(self, address: tuple[str, int], incoming: queue.SimpleQueue, n: int, device_type: str,
-                 init_method: str, threads: int, procs: list, activity: list) -> None:
+    def __init__(self, address: tuple[str, int] | str, incoming: queue.SimpleQueue, n: int, device_type: str,
+                 init_method: str, threads: int, procs: list, activity: list, *, store_path: str | None = None,
+                 auth_report: Callable[[], str] | None = None) -> None:
+        """init_method: "file" (spawned workers meet in the FileStore at ``store_path``) or a torch
+        init_method such as "env://" (torchrun). auth_report: failed authentications in words."""
         self.address, self.incoming, self.n, self.device_type = address, incoming, n, device_type
         self.init_method, self.threads, self.procs, self.activity = init_method, threads, procs, activity
+        self.store_path, self.auth_report = store_path, auth_report
+        self.closing = False  # close() was called (maybe from another thread): failures read as that
         self.conns: dict[int, Connection] = {}
         self.info: dict[int, dict] = {}
         self._healthy = False
@@ -109,8 +119,9 @@ class Driver:
         while len(pending) < self.n:
             self._check_procs("while starting")
             if time.monotonic() > deadline:
+                auth = self.auth_report() if self.auth_report is not None else ""
                 raise RunError("setup", f"only {len(pending)} of {self.n} workers joined within "
-                                        f"{timeout:.0f} s (driver at {self.address})")
+                                        f"{timeout:.0f} s (driver at {self.address})" + (f": {auth}" if auth else ""))
             try:
                 conn, hello = self.incoming.get(timeout=0.2)
             except queue.Empty:
@@ -128,27 +139,11 @@ class Driver:
                 raise RunError("setup", f"a worker was launched for world size {hello['world_size']}, "
                                         f"but the cluster has {self.n} ranks")
             self.conns[r], self.info[r] = conn, hello
-        def init(r: int, port: int | None) -> None:
+        for r in self.conns:
             send(self.conns[r], ("init", {"rank": r, "world_size": self.n, "init_method": self.init_method,
                                           "device_type": self.device_type, "threads": self.threads,
                                           "local_rank": self.info[r].get("local_rank", 0),
-                                          "store_port": port}))
-        port = None
-        if self.init_method == "store":  # rank 0 opens the store and says where
-            init(0, None)
-            while port is None:
-                self._check_procs("while opening the rendezvous store")
-                if time.monotonic() > deadline:
-                    raise RunError("setup", "rank 0 did not open the rendezvous store in time", 0)
-                if self.conns[0].poll(0.2):
-                    msg = recv(self.conns[0])
-                    if msg[0] == "init_error":
-                        raise RunError("setup", "rank 0 could not open the rendezvous store", 0,
-                                       worker_traceback=msg[2])
-                    port = msg[1]
-        for r in self.conns:
-            if not (r == 0 and self.init_method == "store"):
-                init(r, port)
+                                          "store_path": self.store_path}))
         ready: set[int] = set()
         while len(ready) < self.n:
             left = deadline - time.monotonic()
@@ -168,7 +163,18 @@ class Driver:
     def _check_procs(self, when: str) -> None:
         for r, p in enumerate(self.procs):
             if not p.is_alive():
-                raise RunError("setup", f"worker rank {r} exited with code {p.exitcode} {when}", r)
+                raise RunError("setup", f"worker rank {r} exited with code {p.exitcode} {when}"
+                                        f"{self._last_words(r)}", r)
+
+    def _last_words(self, r: int) -> str:
+        """What spawned rank ``r`` last wrote to stderr (the cause of a C++ abort is only there), as an
+        indented block for a message; "" for external workers or a silent one."""
+        p = self.procs[r] if r < len(self.procs) else None
+        tail = p.stderr_tail() if p is not None and hasattr(p, "stderr_tail") else ""
+        lines = [ln for ln in tail.strip().splitlines() if ln.strip()][-STDERR_LINES_QUOTED:]
+        if not lines:
+            return ""
+        return "\n  its last words on stderr:\n" + "\n".join(f"    {ln}" for ln in lines)
 
     # --- clocks ------------------------------------------------------------------------------------
     def offsets(self, pings: int = 5, timeout: float = 10.0) -> dict[int, int]:
@@ -205,15 +211,20 @@ class Driver:
         self._busy = True
         try:
             return self._run(plan, batches, opts)
-        except (EOFError, OSError) as e:  # a worker went away before the run got going (pings, specs)
+        except (EOFError, OSError, ValueError, RunError) as e:
             self.healthy = False
-            raise RunError("died", f"a worker's connection broke at the start of the run: {e!r}") from e
+            if self.closing:  # close() from another thread took the workers away: not a crash
+                raise ClusterError(f"the run of {plan.name!r} was stopped because the cluster was closed "
+                                   f"(close() was called, from another thread, while it ran)") from e
+            if isinstance(e, (EOFError, OSError)):  # a worker went away before the run got going (pings, specs)
+                raise RunError("died", f"a worker's connection broke at the start of the run: {e!r}") from e
+            raise
         finally:
             self._busy = False
 
     def _run(self, plan: ActorPlan, batches: Batches | None, opts: RunOptions) -> RunResult:
         steps = opts.steps
-        feeds = cut_feeds(plan, batches, steps)
+        feeds = _detached(cut_feeds(plan, batches, steps))
         offsets = self.offsets(timeout=opts.timeout)
         self.run_id += 1
         self.plan = plan
@@ -392,7 +403,8 @@ class Driver:
         code = f" with {exit_text(p.exitcode)}" if p else ""
         actor, op, where = self._last_activity(r, plan)
         status = self._statuses({r} | ({echo[0]} if echo else set()))
-        lines = [f"worker rank {r} (pid {self.info.get(r, {}).get('pid')}) died{code} during the run{where}."]
+        lines = [f"worker rank {r} (pid {self.info.get(r, {}).get('pid')}) died{code} during the run{where}."
+                 f"{self._last_words(r)}"]
         if echo is not None:
             q, info = echo
             tb = info.get("traceback", "").strip()
@@ -434,7 +446,8 @@ class Driver:
 
     # --- shutting down ------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        for c in self.conns.values():
+        self.closing = True
+        for c in list(self.conns.values()):
             try:
                 send(c, ("close",))
             except OSError:
@@ -442,7 +455,7 @@ class Driver:
         self.healthy = False
 
     def close_connections(self) -> None:
-        for c in self.conns.values():
+        for c in list(self.conns.values()):
             try:
                 c.close()
             except OSError:
@@ -450,3 +463,19 @@ class Driver:
         self.conns = {}
         self.healthy = False
 
+
+
+def _detached(feeds: dict[int, dict[str, list]]) -> dict[int, dict[str, list]]:
+    """Feeds without autograd history: a batch made with ``requires_grad=True`` (or cut from one) is data
+    to the workers, whose kernels write into preallocated outputs (``out=``), which autograd refuses.
+    The same tensor stays one object, so a batch given once for every step is still shipped once."""
+    memo: dict[int, object] = {}
+
+    def plain(t):
+        if getattr(t, "requires_grad", False):
+            if id(t) not in memo:
+                memo[id(t)] = t.detach()
+            return memo[id(t)]
+        return t
+
+    return {r: {f: [plain(t) for t in ts] for f, ts in per.items()} for r, per in feeds.items()}

@@ -5,15 +5,22 @@ stdin or run with ``python -c`` cannot start workers at all. A fresh interpreter
 works under any driver (notebook, script, stdin, ``-c``). Its own session keeps a Jupyter interrupt
 (SIGINT to the kernel's process group) away from the workers. The token travels in the environment
 (readable by this user only), never in argv, which every user can read in ``ps``.
+
+Each worker's stderr comes through a pipe that a thread of the driver copies to the driver's own
+stderr as it arrives (where it went before) and keeps the last lines of: a worker that dies without a
+word on its connection (a C++ abort inside Gloo, a segfault) often said why on stderr only, and the
+``RunError`` quotes it.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from .tokens import TOKEN_ENV
@@ -28,12 +35,39 @@ class WorkerProcess:
 
     def __init__(self, popen: subprocess.Popen, rank: int) -> None:
         self.popen, self.rank, self.pid = popen, rank, popen.pid
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._tee: threading.Thread | None = None
+        if popen.stderr is not None:
+            self._tee = threading.Thread(target=self._copy_stderr, name=f"sbplab-stderr-{rank}", daemon=True)
+            self._tee.start()
         self._pidfd: int | None = None
         if hasattr(os, "pidfd_open"):  # readable once the process ends; lets the driver wait on it
             try:
                 self._pidfd = os.pidfd_open(popen.pid)
             except OSError:
                 self._pidfd = None
+
+    def _copy_stderr(self) -> None:
+        """Copy the worker's stderr to ours line by line, keeping the last lines; ends at its end of file."""
+        stream = self.popen.stderr
+        try:
+            for line in iter(stream.readline, b""):  # type: ignore[union-attr]
+                self._tail.append(line[-STDERR_LINE_BYTES:])
+                try:
+                    os.write(2, line)
+                except OSError:
+                    pass
+        except (OSError, ValueError):
+            pass
+        finally:
+            stream.close()  # type: ignore[union-attr]
+
+    def stderr_tail(self, wait_s: float = 1.0) -> str:
+        """The last lines the worker wrote to stderr (after waiting up to ``wait_s`` for the rest of a
+        dead worker's output), as text."""
+        if self._tee is not None and self.popen.poll() is not None:
+            self._tee.join(wait_s)
+        return b"".join(self._tail).decode("utf-8", "replace")
 
     @property
     def sentinel(self) -> int | None:
@@ -62,6 +96,8 @@ class WorkerProcess:
             self.popen.kill()
 
     def release(self) -> None:
+        if self._tee is not None:
+            self._tee.join(5)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
@@ -70,13 +106,18 @@ class WorkerProcess:
         return f"WorkerProcess(rank={self.rank}, pid={self.pid}, exitcode={self.exitcode})"
 
 
-def spawn_worker(address: tuple[str, int], token: str, rank: int, activity_fd: int) -> WorkerProcess:
-    """Start rank ``rank``; it connects back to ``address`` and proves it holds ``token``."""
-    host, port = address
-    cmd = [sys.executable, "-m", "sbplab.worker", "--driver", f"{host}:{port}", "--rank", str(rank),
+STDERR_TAIL_LINES = 40  # lines of a worker's stderr kept for the error if it dies
+STDERR_LINE_BYTES = 2000
+
+
+def spawn_worker(address: tuple[str, int] | str, token: str, rank: int, activity_fd: int) -> WorkerProcess:
+    """Start rank ``rank``; it connects back to ``address`` (a Unix socket path, or TCP host and port) and
+    proves it holds ``token``."""
+    where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+    cmd = [sys.executable, "-m", "sbplab.worker", "--driver", where, "--rank", str(rank),
            "--activity-fd", str(activity_fd), "--parent-pid", str(os.getpid())]
-    popen = subprocess.Popen(cmd, env=worker_env(token), stdin=subprocess.DEVNULL, start_new_session=True,
-                             close_fds=True, pass_fds=(activity_fd,))
+    popen = subprocess.Popen(cmd, env=worker_env(token), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             start_new_session=True, close_fds=True, pass_fds=(activity_fd,))
     return WorkerProcess(popen, rank)
 
 

@@ -24,13 +24,14 @@ import threading
 import time
 import traceback
 from multiprocessing import Pipe
-from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge, wait
+from multiprocessing.connection import Connection, wait
 
 import torch
 
 from .activity import ActivityBoard
 from .comm import Comm
 from .executor import ActorFailure, Executor, RunSpec
+from .handshake import WrongTokenError, worker_side
 from .tokens import worker_token
 from .wire import recv, send
 
@@ -65,6 +66,10 @@ class Worker:
             elif msg[0] == "run":
                 if self._run(msg[1]):
                     return
+            elif msg[0] == "checkpoint":  # cluster.save / cluster.load: this rank's blocks, with DCP
+                from .checkpoint_worker import serve_checkpoint
+
+                send(self.conn, serve_checkpoint(self, msg[1]))
             elif msg[0] == "close":
                 return
 
@@ -151,9 +156,6 @@ class Worker:
         return lines
 
 
-STORE_HOST = "127.0.0.1"  # every rank of a spawned cluster is on this machine
-
-
 def _profiled(run, rank: int, run_id: int):
     """``run()``, under cProfile when ``SBPLAB_PROFILE_DIR`` names a folder: the stats of each run go to
     ``rank{rank}-run{run_id}.prof`` there, to find where a rank's time goes (``python -m pstats``)."""
@@ -170,28 +172,34 @@ def _profiled(run, rank: int, run_id: int):
 
 
 def _store(conn: Connection, init: dict):
-    """The rendezvous store of a spawned cluster: rank 0 opens it on a port the OS picks (no race for
-    a "free" port with other programs) and tells the driver, which tells the others.
+    """The rendezvous store of a spawned cluster: a ``FileStore`` in the cluster's private directory
+    (mode 0700, made by the driver), a file of its own per start.
 
-    torch's TCPStore server binds the wildcard address whatever ``host_name`` says (``host_name`` only
-    tells clients where to connect), and the store has no authentication. So rank 0 binds a socket to
-    loopback itself and hands it over as ``master_listen_fd``: the store is reachable from this machine
-    only."""
-    if init["init_method"] != "store":
+    Not a TCPStore: torch's TCPStore cannot authenticate, so any local process could read and overwrite
+    its keys (and so break or steer the process groups). A file in a directory only this user can enter
+    is out of reach of other local users; the driver deletes the directory when the cluster closes."""
+    if init["init_method"] != "file":
         return None
-    from datetime import timedelta
+    from torch.distributed import FileStore
 
-    from torch.distributed import TCPStore
+    return FileStore(init["store_path"], init["world_size"])
 
-    timeout = timedelta(seconds=init.get("dist_timeout", 1800))
-    if init.get("store_port") is None:
-        sock = socket.create_server((STORE_HOST, 0), backlog=max(64, init["world_size"]))
-        port = sock.getsockname()[1]
-        store = TCPStore(STORE_HOST, port, init["world_size"], True, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=sock.detach())
-        send(conn, ("store_port", store.port))
-        return store
-    return TCPStore(STORE_HOST, init["store_port"], init["world_size"], False, timeout=timeout)
+
+def _more_descriptors() -> None:
+    """Raise the soft limit on open files to the hard one (at most 65536). Gloo's pair listener keeps each
+    connection it accepts, and aborts the process when it runs out of descriptors: the higher limit makes
+    a flood of connections from a local stranger take much longer to do that (README, "Security")."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -206,24 +214,68 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="sbplab-parent-watch", daemon=True).start()
 
 
-def connect(address: tuple[str, int], token: bytes) -> Connection:
-    """The authenticated connection to the driver. multiprocessing's ``Client`` opens an IPv4 socket for
-    any (host, port), so an IPv6 driver address ("::1") gets its socket here and the same handshake."""
-    if ":" not in address[0]:
-        return Client(address, authkey=token)
-    with socket.create_connection(address) as s:
-        conn = Connection(s.detach())
-    answer_challenge(conn, token)
-    deliver_challenge(conn, token)
-    return conn
+JOIN_TIMEOUT_S = 120.0  # how long a worker keeps trying to join a driver that is not there yet or busy
 
 
-def worker_main(address: tuple[str, int], token: bytes, rank: int | None = None, activity=None) -> None:
+class WrongToken(SystemExit):
+    """This worker's token is not the driver's: trying again cannot help."""
+
+
+def _open(address: tuple[str, int] | str) -> Connection:
+    if isinstance(address, str):  # a spawned cluster's Unix socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(address)
+        except BaseException:
+            s.close()
+            raise
+        return Connection(s.detach())
+    with socket.create_connection(address, timeout=10) as s:
+        s.settimeout(None)
+        return Connection(s.detach())
+
+
+def connect(address: tuple[str, int] | str, token: bytes, rank: int = -1,
+            timeout: float = JOIN_TIMEOUT_S) -> Connection:
+    """The authenticated connection to the driver (``handshake``), a TCP (host, port) or a Unix socket
+    path. A driver that is not listening yet, or that dropped this connection before a verdict (its
+    handshake slots were busy), is tried again with a growing pause until ``timeout``; a wrong token
+    ends the worker at once with a message naming its rank."""
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+    while True:
+        try:
+            conn = _open(address)
+        except socket.gaierror as e:
+            raise SystemExit(f"sbplab.worker: cannot resolve the driver's host {address[0]!r} "
+                             f"(--driver {where}): {e.strerror}") from None
+        except OSError as e:
+            conn, err = None, e
+        if conn is not None:
+            try:
+                worker_side(conn, token, rank)
+                return conn
+            except WrongTokenError as e:
+                conn.close()
+                raise WrongToken(f"sbplab.worker: rank {rank}: {e} (driver {where}); check $SBPLAB_TOKEN or "
+                                 f"--token-file: it must be the cluster's token (LocalCluster(...).token)") from None
+            except (EOFError, OSError) as e:
+                conn.close()
+                err = e
+        if time.monotonic() + pause > deadline:
+            raise SystemExit(f"sbplab.worker: rank {rank}: could not join the driver at {where} within "
+                             f"{timeout:.0f} s: {err!r}")
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
+
+
+def worker_main(address: tuple[str, int] | str, token: bytes, rank: int | None = None, activity=None) -> None:
     """Entry point of a worker process (spawned: ``rank`` given; torchrun: read from the environment).
 
     activity: this rank's activity slots (``ActivityBoard.slot``), or None."""
-    conn = connect(address, token)
     env_rank = rank if rank is not None else int(os.environ.get("RANK", "-1"))
+    conn = connect(address, token, env_rank)
     send(conn, ("hello", {"rank": env_rank, "pid": os.getpid(), "host": socket.gethostname(),
                          "world_size": int(os.environ.get("WORLD_SIZE", "0")),
                          "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}))
@@ -266,7 +318,8 @@ def worker_main(address: tuple[str, int], token: bytes, rank: int | None = None,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sbplab.worker", description=__doc__.split("\n")[0])
-    ap.add_argument("--driver", required=True, help="HOST:PORT of the driver (LocalCluster.address)")
+    ap.add_argument("--driver", required=True,
+                    help="HOST:PORT of the driver (LocalCluster.address), or the path of its Unix socket")
     ap.add_argument("--token-file", default=None, metavar="PATH",
                     help="file holding the cluster's token, readable by you only (default: $SBPLAB_TOKEN)")
     ap.add_argument("--token", default=None, help=argparse.SUPPRESS)
@@ -278,10 +331,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.token is not None:
         ap.error("--token is not accepted: a command line shows in `ps` to every user of the machine; "
                  "set $SBPLAB_TOKEN or pass --token-file PATH")
-    host, _, port = args.driver.rpartition(":")
-    if not host or not port.isdigit():
-        ap.error(f"--driver must be HOST:PORT, got {args.driver!r}")
+    address: tuple[str, int] | str = args.driver
+    if not args.driver.startswith("/"):
+        host, _, port = args.driver.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            ap.error(f"--driver must be HOST:PORT (a port in 1..65535) or a socket path, got {args.driver!r}")
+        address = (host.strip("[]"), int(port))
     token = worker_token(args.token_file)
+    _more_descriptors()
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)
     activity = None
@@ -289,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.rank is None:
             ap.error("--activity-fd needs --rank")
         activity = ActivityBoard(args.activity_fd, args.rank + 1).slot(args.rank)
-    worker_main((host.strip("[]"), int(port)), token.encode(), args.rank, activity)
+    worker_main(address, token.encode(), args.rank, activity)
 
 
 if __name__ == "__main__":
