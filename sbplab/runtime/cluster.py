@@ -5,13 +5,16 @@
         more = cluster.run(step, (x, y), steps=3)    # steps 4..6: a compiled step's state stays here
         result.load_into(model)                      # the trained weights back into the torch module
 
-Trust: driver and workers exchange pickles, so whoever can talk to the driver's port with the token
-can run code in the driver and in every worker. So every cluster has a random token (32 bytes from
-``secrets``, or ``token=``), checked by multiprocessing's HMAC challenge (constant time) in a thread of
-its own per connection, bounded in time and size, before anything is unpickled. The driver listens on
-127.0.0.1 unless ``host=`` names another address, which also needs an explicit ``token=``; the
-rendezvous store of spawned workers listens on 127.0.0.1 only. Spawned workers get the token in their
-environment, never on the command line. Workers of other machines join with
+Trust: driver and workers exchange pickles, so whoever can talk to the driver with the token can run
+code in the driver and in every worker. So every cluster has a random token (32 bytes from ``secrets``,
+or ``token=``), checked both ways by an HMAC-SHA256 challenge (``handshake``, ``hmac.compare_digest``)
+in a thread of its own per connection, bounded in time, size and per peer, before anything is unpickled.
+A spawned cluster keeps everything in a private directory (mode 0700, deleted on close): the driver
+listens on a Unix socket there and the workers meet in a ``FileStore`` there, so other local users reach
+neither; only Gloo's pair listeners (loopback) stay on TCP (README, "Security"). ``launch="external"``
+(and a spawned cluster given ``host=``) listens on TCP, 127.0.0.1 unless ``host=`` names another
+address, which also needs an explicit ``token=`` of at least 128 bits. Spawned workers get the token in
+their environment, never on the command line. Workers of other machines join with
 ``SBPLAB_TOKEN=... torchrun ... -m sbplab.worker --driver HOST:PORT`` (``launch="external"``).
 
 Spawned workers are fresh ``python -m sbplab.worker`` processes in their own process group: any driver
@@ -24,14 +27,19 @@ half-finished collective would leave the process groups out of step); a worker t
 from __future__ import annotations
 
 import copy
+import functools
+import ipaddress
 import os
 import queue
+import shutil
 import socket
+import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ClusterError, InputError, InputTypeError
-from .accept import Acceptor, listen_socket
+from .accept import Acceptor, listen_socket, listen_unix
 from .activity import ActivityBoard
 from .actor_plan import ActorPlan
 from .carry import StateStore, with_state, without_inits
@@ -39,9 +47,8 @@ from .driver import Driver, RunOptions
 from .results import RunResult
 from .runnable import Runnable, plan_and_batches
 from .spawn import WorkerProcess, reap, spawn_worker
-from .tokens import new_token
+from .tokens import check_token_strength, new_token
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_SPAWN = 128  # worker processes LocalCluster starts on one machine; torchrun (launch="external") for more
 
 
@@ -51,19 +58,43 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _one_run_at_a_time(run: Callable) -> Callable:
+    """``run`` refuses a second caller while one is going (two threads, or ``on_step`` calling back): the
+    workers follow one plan at a time. A run that ends because another thread closed the cluster says so."""
+    @functools.wraps(run)
+    def exclusive(self: LocalCluster, *args: Any, **kwargs: Any) -> Any:
+        if not self._run_lock.acquire(blocking=False):
+            raise ClusterError("this LocalCluster is busy: another run is going on it (from another thread, or "
+                               "from on_step); wait for it to finish, or use a second LocalCluster")
+        try:
+            return run(self, *args, **kwargs)
+        except (ClusterError, KeyboardInterrupt):
+            raise
+        except BaseException as e:
+            if self.closed:
+                raise ClusterError("the run was stopped because the cluster was closed (close() was called, "
+                                   "from another thread, while it ran)") from e
+            raise
+        finally:
+            self._run_lock.release()
+    return exclusive
+
+
 class LocalCluster:
     """``n`` ranks of ``device_type`` ("cpu": Gloo; "cuda": NCCL with one GPU per rank).
 
     launch: "spawn" starts the workers here; "external" waits for ``n`` workers started elsewhere
         (torchrun) to connect to ``address``.
-    host, port: where the driver listens (port 0: a free one). Loopback unless you name a host.
-    token: shared secret (a str); required unless ``host`` is loopback, random (``secrets``) if not given.
+    host, port: where the driver listens on TCP (port 0: a free one). Not given: a spawned cluster listens
+        on a Unix socket in its private directory, an external one on 127.0.0.1.
+    token: shared secret (a str); required unless ``host`` is loopback, and then at least 128 bits
+        (``secrets.token_urlsafe(32)``); random (``secrets``) if not given.
         ``cluster.token`` gives it to external workers ($SBPLAB_TOKEN or a chmod 600 ``--token-file``).
     threads: torch intra-op threads per worker (default: cores divided among the workers).
     start_timeout: seconds to wait for all workers to join.
     """
 
-    def __init__(self, n: int, device_type: str = "cpu", *, launch: str = "spawn", host: str = "127.0.0.1",
+    def __init__(self, n: int, device_type: str = "cpu", *, launch: str = "spawn", host: str | None = None,
                  port: int = 0, token: str | None = None, threads: int | None = None,
                  start_timeout: float = 120.0) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
@@ -74,7 +105,7 @@ class LocalCluster:
             raise InputError(f"LocalCluster({n}) would start {n} worker processes on this machine (each a Python "
                              f"process with torch); at most {MAX_SPAWN} are spawned. For more ranks start them on "
                              f"several machines with torchrun and LocalCluster(n, launch='external', ...)")
-        if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+        if host is not None and not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InputError(f"host must be a str and port an int in 0..65535 (0: a free one), got host={host!r}, "
                              f"port={port!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -87,9 +118,11 @@ class LocalCluster:
             raise InputError(f"launch must be 'spawn' or 'external', got {launch!r}")
         if token is not None and not isinstance(token, str):
             raise InputTypeError(f"token must be a str (workers read it from $SBPLAB_TOKEN), got {type(token).__name__}")
-        if host not in _LOOPBACK and not token:
-            raise InputError(f"listening on {host!r} (not loopback) needs a shared token=; workers pass the "
-                             f"same one as $SBPLAB_TOKEN")
+        if host is not None and not _is_loopback(host):
+            if not token:
+                raise InputError(f"listening on {host!r} (not loopback) needs a shared token=; workers pass the "
+                                 f"same one as $SBPLAB_TOKEN")
+            check_token_strength(token, host)
         if device_type == "cuda" and launch == "spawn":
             import torch
 
@@ -108,9 +141,20 @@ class LocalCluster:
         self._state = StateStore()  # per compiled step, the final shards its next run starts from
         self._held: tuple[Driver, int] | None = None  # the workers of that driver keep the state of that tag
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()  # (connection, hello) of joined workers
-        self._acceptor = Acceptor(listen_socket(host, port, backlog=max(n, 8)), self._token.encode(),
-                                  self._incoming)
-        self.address: tuple[str, int] = self._acceptor.address
+        self._starts = 0
+        self._run_lock = threading.Lock()  # one run at a time: a second, from another thread, is refused
+        # a spawned cluster's private directory (0700): the driver's Unix socket and the rendezvous store
+        self._dir = tempfile.mkdtemp(prefix="sbplab-") if launch == "spawn" else None
+        try:
+            if host is None and self._dir is not None and hasattr(socket, "AF_UNIX"):
+                server = listen_unix(os.path.join(self._dir, "driver.sock"), backlog=max(n, 8) + 8)
+            else:
+                server = _listen_tcp(host or "127.0.0.1", port, backlog=max(n, 8) + 8)
+            self._acceptor = Acceptor(server, self._token.encode(), self._incoming)
+        except BaseException:
+            self._remove_dir()
+            raise
+        self.address: tuple[str, int] | str = self._acceptor.address
         if launch == "spawn":
             try:
                 self._start()
@@ -133,9 +177,10 @@ class LocalCluster:
         try:
             for r in range(self.n):
                 self._procs.append(spawn_worker(self.address, self._token, r, self._board.fd))
-            init = "store"  # rank 0 opens a TCPStore on a loopback port of the OS's choosing
-            self.driver = Driver(self.address, self._incoming, self.n, self.device_type, init, self._threads,
-                                 self._procs, self._slots)
+            self._starts += 1  # a fresh store file per start: nothing of an earlier start's keys is read
+            store = os.path.join(self._dir, f"store-{self._starts}")  # type: ignore[arg-type]
+            self.driver = Driver(self.address, self._incoming, self.n, self.device_type, "file", self._threads,
+                                 self._procs, self._slots, store_path=store, auth_report=self._acceptor.report)
             self.driver.connect(self._start_timeout)
         except BaseException:
             self._kill()
@@ -149,7 +194,7 @@ class LocalCluster:
                 self._start()
                 return
             self.driver = Driver(self.address, self._incoming, self.n, self.device_type, "env://",
-                                 self._threads, [], [])
+                                 self._threads, [], [], auth_report=self._acceptor.report)
             try:
                 self.driver.connect(timeout or self._start_timeout)
             except BaseException:
@@ -166,6 +211,7 @@ class LocalCluster:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
+    @_one_run_at_a_time
     def run(self, step: ActorPlan | Runnable, inputs: Any = None, steps: int = 1, *, timeout: float = 10.0,
             progress: bool | None = None, params: bool = True, trace: bool = True,
             on_step: Callable[[int, int, float | None], None] | None = None, fuse: bool = True,
@@ -308,6 +354,19 @@ class LocalCluster:
                     self._slots = []
                     self._board.close()
                     self._board = None
+                self._remove_dir()
+
+    @property
+    def failed_authentications(self) -> int:
+        """Connections to the driver that presented a wrong token (each is dropped, and its peer's next
+        challenge comes later and later)."""
+        return self._acceptor.failed_auth
+
+    def _remove_dir(self) -> None:
+        """The private directory and what is in it (the driver's socket, the store files)."""
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -325,6 +384,31 @@ class LocalCluster:
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("ready" if self.alive else "down")
         return f"LocalCluster(n={self.n}, device_type={self.device_type!r}, {state}, address={self.address})"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_tcp(host: str, port: int, backlog: int) -> socket.socket:
+    """The driver's TCP socket; an OS refusal (port in use, unknown host, no such address here) becomes
+    a ClusterError naming host and port."""
+    try:
+        return listen_socket(host, port, backlog)
+    except socket.gaierror as e:
+        raise ClusterError(f"cannot listen on host {host!r}, port {port}: the host name does not resolve "
+                          f"({e.strerror}); give an IP address or a name of this machine") from None
+    except OSError as e:
+        why = {98: "the port is in use (another program, or another cluster, listens there); port=0 picks a "
+                   "free one", 99: "this machine has no such address; give one of its own addresses "
+                   "(127.0.0.1, or 0.0.0.0 for all)", 13: "permission denied (ports below 1024 need root)"}
+        raise ClusterError(f"cannot listen on host {host!r}, port {port}: "
+                          f"{why.get(e.errno or 0, e.strerror or str(e))}") from None
 
 
 def _interactive() -> bool:
