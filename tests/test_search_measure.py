@@ -42,7 +42,9 @@ def test_the_fastest_measured_finalist_wins(cluster):
     by_sim = min(finalists, key=lambda c: (c.simulated_time, c.method == "preset"))
     if res.best is not by_sim:  # the measurement overruled the simulator: the notes say so
         assert any("measured on the cluster" in n for n in res.notes)
-    assert "measured ms" in res.table().splitlines()[1]
+    assert "chosen by the measured model" in res.table().splitlines()[0]
+    assert all(r["model"] == "measured; memory simulated" for r in res.rows() if r["strategy"] in
+               {c.describe() for c in measured})
     # the winner is an ordinary strategy: it compiles and trains on the same workers
     step = sl.compile(m, (x,), loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=sl.SGD(lr=0.1),
                       strategy=res.strategy)

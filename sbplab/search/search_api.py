@@ -24,6 +24,7 @@ from ..compiler.training.training_graph import CAPTURES, trace_training_graph
 from ..hardware import Hardware
 from .box_prices import BoxPrices
 from .candidate import Candidate
+from .capacity import check_device_bound, device_capacity
 from .clock import Clock
 from .cost import ZERO_LEVELS
 from .inputs import SearchInputs, check_inputs
@@ -37,6 +38,7 @@ from .search_errors import SearchError
 from .search_progress import ProgressCallback, ProgressReporter
 from .solve import METHODS, solve_space
 from .stage_floor import StageFloor
+from .user_candidates import check_candidates, user_candidates
 
 
 class Space:
@@ -90,6 +92,7 @@ class Space:
 
 def _check_args(devices: object, hardware: object, memory_limit: object, method: str, time_budget: object) -> None:
     check_devices(devices)
+    check_device_bound(devices)
     if hardware is not None and not isinstance(hardware, Hardware):
         raise SearchError(f"sl.search: hardware must be an sl.Hardware (Hardware.h100_node(), .cpu_box(), a "
                           f"calibrated one), got {type(hardware).__name__}")
@@ -146,16 +149,21 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
            seed: int = 0, *, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
            node_size: int | None = None, max_mesh_ndim: int = 2, reduce: bool | None = None,
            rerank_top: int = 3, simulate: bool = True, on_progress: ProgressCallback | None = None,
-           measure_on: Any = None, capture: str = "auto") -> SearchResult:
+           measure_on: Any = None, capture: str = "auto", candidates: Any = None) -> SearchResult:
     """Search strategies for ``model`` (traced like ``sl.compile``) on ``devices`` ranks of ``hardware``.
 
     memory_limit: bytes per device no strategy may exceed (analytic memory; the simulator's where
-        re-ranked); if none meets it, a SearchError says the least any strategy needs.
+        re-ranked); if none meets it, a SearchError says the least any strategy needs. None: the device
+        memory of ``hardware`` where its machine model knows it (a note says so), else no limit.
     method: "exhaustive" (tiny graphs), "exact" (ILP), "cd" (coordinate descent), "mcmc", or "auto".
-    time_budget: seconds; when it runs out, the best found so far is returned with ``best_so_far`` set.
+    time_budget: seconds for the whole search, tracing and the simulated re-rank included; when it runs out,
+        the best found so far is returned with ``best_so_far`` set (work already begun, one space's solve or
+        one finalist's simulation, ends first). ``devices`` above ``capacity.MAX_DEVICES`` is refused.
     reduce: merge follower ops and tie repeated layers (``shrink.py``); default: above 40 forward ops.
-    rerank_top: how many of the cheapest candidates, and of the cheapest presets, to compile and re-rank by
-        ``sl.simulate``; a preset the simulator predicts faster than every searched candidate wins.
+    rerank_top: how many of the cheapest searched candidates to compile and re-rank by ``sl.simulate``,
+        beside every preset and user candidate; a preset the simulator predicts faster wins.
+    candidates: your own strategies (``sl.Strategy``, on at most ``devices`` ranks) to compare: each is
+        priced, simulated and listed in ``res.table()`` with the presets, and wins if it is fastest.
     on_progress: called with a ``SearchProgress`` after each unit of work (a preset priced, a space
         solved, a finalist simulated) and once at the end; for a progress bar. Without it nothing extra runs.
     measure_on: a ``LocalCluster`` of ``devices`` ranks: the finalists the re-rank simulated, and every
@@ -176,7 +184,18 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
                           f"{type(on_progress).__name__}")
     if capture not in CAPTURES:
         raise SearchError(f"sl.search: capture must be one of {CAPTURES} (as sl.compile takes it), got {capture!r}")
+    clock = Clock(time_budget)  # the budget covers everything from here, tracing included
     hw = hardware or Hardware.cpu_box()
+    users_given = check_candidates(candidates, int(devices))
+    notes: list[str] = []
+    limit_from = "memory_limit"
+    if memory_limit is None:
+        memory_limit = device_capacity(hw)
+        if memory_limit is not None:
+            limit_from = "the device memory of the hardware"
+
+            notes.append(f"memory_limit: {memory_limit / 2**30:.4g} GiB per device, the device memory of the "
+                         f"hardware (pass memory_limit= to change it)")
     given = check_inputs(inputs, target, loss_fn)
     optimizer = as_optimizer(optimizer)  # refused before tracing, as sl.compile refuses it
     measure = _measure_args(measure_on, int(devices), rerank_top if simulate else 0, given)
@@ -187,24 +206,23 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
         raise SearchError(f"sl.search: the model cannot be compiled, so there is nothing to search:\n{e}") from e
     if any(z not in ZERO_LEVELS for z in zero_levels):
         raise SearchError(f"sl.search: zero_levels must be drawn from {ZERO_LEVELS}, got {zero_levels}")
-    clock = Clock(time_budget)
     report = ProgressReporter(on_progress, clock, memory_limit)
-    notes: list[str] = []
     meshes = mesh_choices(int(devices), hw, node_size, max_mesh_ndim)
     pipe_spaces = _pipeline_spaces(space, int(devices), node_size) if pipelines else []
     specs = applicable_presets(int(devices), space.batch, pipelines)
     top = max(0, rerank_top) if simulate else 0
     if top and measure is None and hw.cores is not None and devices > hw.cores:
         notes.append(_OVERSUBSCRIBED.format(devices=devices, cores=hw.cores))
-    finalists = rerank_units(top, len(specs), measure=measure is not None)  # finalists simulated (measured), buckets
+    finalists = rerank_units(top, len(specs), measure=measure is not None, users=len(users_given))  # finalists simulated (measured), buckets
     if report.active:  # the whole plan up front, so the bar moves steadily
         report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces) * len(zero_levels)
                     + finalists)
     presets = _presets(space, specs, clock, notes, report)
-    candidates: list[Candidate] = []
+    users = user_candidates(users_given, space.graph, lambda pc: _price_preset(space, pc), hw)
+    found: list[Candidate] = []
     least: list[tuple[int, str]] = []
     for mesh in meshes:
-        if clock.expired() and candidates:
+        if clock.expired() and found:
             break
         pr = space.problem(mesh)
         for z in zero_levels:
@@ -216,18 +234,18 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
                 continue
             c = Candidate(f"searched ({ran})", ran, mesh, z, 1, 1, assign, pr.cost(assign, z), pr.memory(assign, z), pr)
             clock.record(ran, c.step_time)
-            candidates.append(c)
+            found.append(c)
             report.step("meshes", c)
             if clock.expired():
                 break
     if pipe_spaces and not clock.expired():
-        candidates += _pipelines(space, method, memory_limit, clock, seed, zero_levels, reduce, least, report,
-                                 pipe_spaces, candidates, max(1, top), notes)
-    feasible = [c for c in candidates if c.feasible(memory_limit)]
+        found += _pipelines(space, method, memory_limit, clock, seed, zero_levels, reduce, least, report,
+                                 pipe_spaces, found, max(1, top), notes)
+    feasible = [c for c in found if c.feasible(memory_limit)]
     if not feasible:
         if memory_limit is not None and least:
             need, where = min(least)
-            raise SearchError(f"sl.search: no strategy fits memory_limit={memory_limit:.4g} B per device; the least "
+            raise SearchError(f"sl.search: no strategy fits memory_limit={memory_limit:.4g} B per device ({limit_from}); the least "
                               f"memory any strategy needs is {need} B ({need / 2**20:.2f} MiB) per device, with "
                               f"{where}")
         raise SearchError("sl.search: the time budget ran out before any candidate was priced; raise time_budget")
@@ -235,10 +253,14 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     best, predicted = rerank(feasible, top, model, space.inputs, loss_fn, space.target, optimizer, hw, memory_limit,
                              notes,
                              on_each=(lambda c: report.step("simulating")) if report.active else None,
-                             presets=presets, units=finalists, measure=measure, graphs=space.graph)
+                             presets=presets, units=finalists, measure=measure, graphs=space.graph, clock=clock,
+                             users=users)
+    used = best.mesh.size * best.n_stages
+    if used < devices:
+        notes.append(f"the chosen strategy uses {used} of the {devices} devices given: the others stay idle")
     report.finish(best)
     return SearchResult(best, predicted, best.mesh.hardware(hw), feasible, presets, clock.history, clock.ran_out,
-                        method, clock.elapsed(), notes)
+                        method, clock.elapsed(), notes, users, int(devices))
 
 
 _OVERSUBSCRIBED = (
@@ -250,7 +272,13 @@ _OVERSUBSCRIBED = (
 def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[str],
              report: ProgressReporter) -> list[Candidate]:
     out = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
+        if clock.expired() and out:
+            notes.append(f"the time budget ran out while pricing presets: {len(specs) - i} of {len(specs)} not "
+                         f"priced ({', '.join(s.name for s in specs[i:i + 3])}{', ...' if len(specs) - i > 3 else ''})")
+            for _ in specs[i:]:
+                report.step("presets")
+            break
         try:
             pc = preset_choice(space.graph(spec.micro_batches), spec, space.hw)
             c = _price_preset(space, pc)

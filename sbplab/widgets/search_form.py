@@ -93,15 +93,9 @@ def parse_seconds(text: str) -> float | None:
 
 
 def result_rows(res: SearchResult) -> list[dict[str, Any]]:
-    """The searched strategy, then every preset fastest first: what ``res.table()`` lists, as data."""
-    base = res.best.step_time
-    rows = []
-    for c in res.listed():
-        rows.append({"strategy": c.describe(), "searched": c is res.best, "analytic_ms": c.step_time * 1e3,
-                     "memory": int(c.memory),
-                     "simulated_ms": None if c.simulated_time is None else c.simulated_time * 1e3,
-                     "ratio": c.step_time / base if base > 0 else None})
-    return rows
+    """The chosen strategy, then the user's candidates and every preset: what ``res.table()`` lists, as data
+    (each figure in the model that chose the winner, with its label: ``SearchResult.rows``)."""
+    return res.rows()
 
 
 @dataclass(frozen=True)
