@@ -33,13 +33,14 @@ Shards = dict[int, dict[str, torch.Tensor]]  # rank -> State actor name -> final
 
 
 class StateStore:
-    """Per compiled step (by identity), the final State shards of its last finished run."""
+    """Per compiled step (by identity), the final State shards of its last finished run, the tag the
+    workers keep them under, and how many training steps they are past the compiled weights."""
 
     def __init__(self) -> None:
-        self._by_step: dict[int, tuple[Callable[[], Any], Shards, int]] = {}
+        self._by_step: dict[int, tuple[Callable[[], Any], Shards, int, int]] = {}
         self._tags = 0
 
-    def _entry(self, step: Any) -> tuple[Callable[[], Any], Shards, int] | None:
+    def _entry(self, step: Any) -> tuple[Callable[[], Any], Shards, int, int] | None:
         got = self._by_step.get(id(step))
         if got is None or got[0]() is not step:  # an id reused by a new object after the old one died
             return None
@@ -54,11 +55,16 @@ class StateStore:
         got = self._entry(step)
         return None if got is None else got[2]
 
+    def steps(self, step: Any) -> int:
+        """Training steps the kept state of ``step`` is past its compiled weights (0: nothing kept)."""
+        got = self._entry(step)
+        return 0 if got is None else got[3]
+
     def new_tag(self) -> int:
         self._tags += 1
         return self._tags
 
-    def put(self, step: Any, shards: Shards, tag: int) -> None:
+    def put(self, step: Any, shards: Shards, tag: int, steps: int = 0) -> None:
         key = id(step)
         store = self._by_step
         try:  # forget the state when the step itself is gone (and free its tensors)
@@ -66,7 +72,7 @@ class StateStore:
         except TypeError:  # not weak-referenceable: hold it (its state is held anyway)
             def ref(s: Any = step) -> Any:
                 return s
-        store[key] = (ref, shards, tag)
+        store[key] = (ref, shards, tag, steps)
 
     def drop(self, step: Any = None) -> None:
         """Forget the state of ``step`` (None: of every step)."""

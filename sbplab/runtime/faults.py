@@ -13,6 +13,8 @@ class RunError(SbplabError, RuntimeError):
     rank, actor, op: where it happened (None where unknown).
     worker_traceback: the original traceback text from the worker (or the stuck stack of a hang).
     status: for hangs, what every rank was doing.
+    kept_step: for a run of a compiled step, the training step whose state was kept (the next run of
+        the step continues from it; 0: the compiled weights); None otherwise.
     """
 
     def __init__(self, kind: str, message: str, rank: int | None = None, actor: str | None = None,
@@ -20,10 +22,17 @@ class RunError(SbplabError, RuntimeError):
         self.kind, self.rank, self.actor, self.op = kind, rank, actor, op
         self.worker_traceback = worker_traceback
         self.status = status or {}
+        self.kept_step: int | None = None
         text = message
         if worker_traceback:
             text += f"\n\n--- original traceback (rank {rank}) ---\n{worker_traceback.rstrip()}"
         super().__init__(text)
+
+    def keep_note(self, step: int, where: str) -> None:
+        """Add to the message (before the worker's traceback) which step's state survived and where it is."""
+        self.kept_step = step
+        head, sep, tb = str(self.args[0]).partition("\n\n--- original traceback")
+        self.args = (f"{head}\n{where}{sep}{tb}",) + self.args[1:]
 
 
 def describe_failure(info: dict) -> RunError:

@@ -1,0 +1,140 @@
+"""Training state in torch.distributed.checkpoint (DCP) format: each rank writes and reads its own blocks.
+
+A State actor's local value is one rectangular block of a logical tensor, named by the State's key
+(a module's parameter name, ``"<param>.exp_avg"`` for optimizer state). DCP stores every tensor as
+chunks with their offsets in the logical tensor, and reads any layout back by intersecting the chunks
+it wants with the ones stored. So a checkpoint written under one strategy loads under another, and
+into a plain torch module, whatever each strategy cut.
+
+DTensor would describe the blocks for DCP, but its ``Shard`` follows ``torch.chunk`` (ceil-sized
+pieces) while SBP's split is OneFlow's balanced one (the first ``n % parts`` pieces get one more):
+on an uneven split the two disagree. So the planners here give DCP each block's offsets themselves;
+everything else (the global plan, deduplication of replicated blocks across ranks, the metadata, the
+files, resharding on read) is DCP's own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+STEPS_KEY = "sbplab.steps"  # a 0-d int64 tensor: training steps done when the checkpoint was written
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where one rank's State lives in its logical tensor.
+
+    name: the State actor's name on that rank; key: the logical (checkpoint) name;
+    size: the logical tensor's shape; offsets: where the block starts in it; shape: the block's shape.
+    write: whether this State is saved (False for a second copy of a key under another layout, a tied
+    parameter on another pipeline stage: the first layout's blocks already cover the tensor).
+    """
+
+    name: str
+    key: str
+    size: tuple[int, ...]
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    write: bool = True
+
+
+class _BlockSavePlanner(DefaultSavePlanner):
+    """Writes each value of the state dict as the block ``blocks[key]`` says (DCP dedups equal blocks)."""
+
+    def __init__(self, blocks: Mapping[str, Block]) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.blocks = blocks
+
+    def create_local_plan(self) -> SavePlan:
+        items = []
+        for key, t in self.state_dict.items():
+            b = self.blocks.get(key)
+            size = torch.Size(b.size if b else t.shape)
+            offsets = torch.Size(b.offsets if b else (0,) * t.dim())
+            items.append(WriteItem(index=MetadataIndex(key, offsets), type=WriteItemType.SHARD,
+                                   tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets, t.shape),
+                                                               properties=TensorProperties.create_from_tensor(t),
+                                                               size=size)))
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def lookup_object(self, index: MetadataIndex) -> torch.Tensor:
+        return self.state_dict[index.fqn]
+
+
+class _BlockLoadPlanner(DefaultLoadPlanner):
+    """Reads into each value of the state dict the block ``blocks[key]`` says, from whatever chunks the
+    checkpoint holds (DCP's resharding)."""
+
+    def __init__(self, blocks: Mapping[str, Block]) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.blocks = blocks
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        stored = self.metadata.state_dict_metadata
+        reads = []
+        for key, t in self.state_dict.items():
+            md = stored.get(key)
+            b = self.blocks.get(key)
+            size = tuple(b.size if b else t.shape)
+            if not isinstance(md, TensorStorageMetadata):
+                raise KeyError(key)
+            if tuple(md.size) != size:
+                raise ValueError(f"{key!r} is {tuple(md.size)} in the checkpoint, {size} here")
+            offsets = torch.Size(b.offsets if b else (0,) * t.dim())
+            reads += create_read_items_for_chunk_list(key, md, [ChunkStorageMetadata(offsets, t.shape)])
+        self.plan = LoadPlan(reads)
+        return self.plan
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        return self.state_dict[index.fqn]
+
+
+def write_blocks(path: str | os.PathLike, values: Mapping[str, torch.Tensor], blocks: list[Block],
+                 steps: int) -> None:
+    """This rank's part of a checkpoint: each block's value under its key, and the step count. Every rank
+    of the default process group calls it (DCP plans collectively; a rank without blocks writes nothing
+    of its own). values: State name -> local value."""
+    state = {b.key: values[b.name] for b in blocks}
+    state[STEPS_KEY] = torch.tensor(steps, dtype=torch.int64)
+    dcp_save(state, storage_writer=FileSystemWriter(os.fspath(path)), planner=_BlockSavePlanner(
+        {b.key: b for b in blocks}))
+
+
+def read_blocks(path: str | os.PathLike, blocks: list[Block], device: torch.device) -> tuple[dict, int]:
+    """This rank's blocks read from a checkpoint (State name -> local value on ``device``), and the step
+    count it was written at. Collective like ``write_blocks``; blocks of one key on several States of this
+    rank are read once."""
+    by_key: dict[str, Block] = {}
+    for b in blocks:
+        by_key.setdefault(b.key, b)
+    state = {k: torch.empty(b.shape, dtype=b.dtype, device=device) for k, b in by_key.items()}
+    state[STEPS_KEY] = torch.zeros((), dtype=torch.int64)
+    dcp_load(state, storage_reader=FileSystemReader(os.fspath(path)), planner=_BlockLoadPlanner(by_key))
+    out = {b.name: state[b.key] if by_key[b.key] is b else state[b.key].clone() for b in blocks}
+    return out, int(state[STEPS_KEY])
+
+
+def stored_keys(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Logical name -> (shape, dtype) of every tensor in a checkpoint, from its metadata alone."""
+    md = FileSystemReader(os.fspath(path)).read_metadata()
+    return {k: (tuple(v.size), v.properties.dtype) for k, v in md.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata)}
