@@ -27,6 +27,7 @@ half-finished collective would leave the process groups out of step); a worker t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import ipaddress
 import os
@@ -36,6 +37,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError, InputError, InputTypeError
@@ -43,9 +45,14 @@ from .accept import Acceptor, listen_socket, listen_unix
 from .activity import ActivityBoard
 from .actor_plan import ActorPlan
 from .carry import StateStore, with_state, without_inits
+from .checkpoint import blocks_of, check_fits, checkpoint_path, exchange, initial_values
+from .checkpoint_worker import CheckpointRequest
+from .chunks import check_every, chunk_batches, merge_results
 from .driver import Driver, RunOptions
+from .faults import RunError
+from .progress import step_bar
 from .results import RunResult
-from .runnable import Runnable, plan_and_batches
+from .runnable import Runnable, plan_and_batches, ranks_needed
 from .spawn import WorkerProcess, reap, spawn_worker
 from .tokens import check_token_strength, new_token
 
@@ -215,7 +222,8 @@ class LocalCluster:
     def run(self, step: ActorPlan | Runnable, inputs: Any = None, steps: int = 1, *, timeout: float = 10.0,
             progress: bool | None = None, params: bool = True, trace: bool = True,
             on_step: Callable[[int, int, float | None], None] | None = None, fuse: bool = True,
-            restart: bool = False) -> RunResult:
+            restart: bool = False, checkpoint_every: int | None = None,
+            checkpoint_dir: str | os.PathLike | None = None) -> RunResult:
         """Run ``steps`` training steps and return losses, final parameters and a trace.
 
         Runs of a compiled step continue: parameters and optimizer state stay with this cluster, so
@@ -248,12 +256,22 @@ class LocalCluster:
             (``result.load_into(module)`` copies the parameters into a torch module). With False the
             workers still send their final shards back, for the next run to continue from.
         restart: start this compiled step again from its compiled weights instead of continuing.
+        checkpoint_every: run a compiled step N steps at a time (the numbers are the same to the bit:
+            runs continue exactly). After every N steps the driver holds that step's state, so a
+            failure loses at most the N - 1 steps since; ``RunError.kept_step`` and its message say
+            which step's state survived, and the next run continues from it. Without it, a failure
+            keeps the state of the last run that finished.
+        checkpoint_dir: also write the state every N steps (``checkpoint_every``; default: at the
+            end of the run) to ``checkpoint_dir/step-<steps done, 8 digits>`` in DCP format
+            (``save``); ``load(step, path)`` resumes from one, under this strategy or another.
         """
         if self.closed:
             raise ClusterError("this LocalCluster is closed; create a new one")
         if not isinstance(restart, bool):
             raise InputTypeError(f"run: restart must be True or False, got {restart!r}")
         carry = not isinstance(step, ActorPlan)  # a compiled step: its state stays here between runs
+        every = check_every(checkpoint_every, checkpoint_dir, carry, steps)
+        folder = checkpoint_path(checkpoint_dir, "run: checkpoint_dir") if checkpoint_dir is not None else None
         opts = RunOptions(steps=steps, timeout=timeout, progress=_interactive() if progress is None else progress,
                           params=params, trace=trace, on_step=on_step, fuse=fuse,
                           state=carry)  # checks them before any worker starts
@@ -267,20 +285,69 @@ class LocalCluster:
             raise InputError(f"plan {plan.name!r} is for {plan.device_type} but this cluster runs "
                              f"{self.device_type}; compile it for {self.device_type!r} (device=...), or device-free "
                              f"(a preset, a search result or sl.Placement(None, ...), no device=) to run anywhere")
-        if self.driver is not None and not self.driver.healthy:
-            self._kill()
-            self.driver = None
-        if self.driver is None:
-            if self.launch == "external":
-                if self._procs or getattr(self, "_had_external", False):
-                    raise ClusterError("the external workers were torn down after a failure; start them "
-                                       "again and call wait_ready()")
-                self._had_external = True
-            self.wait_ready()
+        self._ensure_workers()
         if plan.world_size < self.n:  # the extra workers idle (they still join new process groups)
             plan = ActorPlan(self.n, dict(plan.ranks), plan.device_type, plan.micro_batches, plan.comm_order,
                              plan.name, plan.imports)
+        if not carry:
+            return self._run_once(step, plan, batches, opts, restart, carry)
+        if restart:
+            self._state.drop(step)
+        if every is None:
+            result = self._run_kept(step, plan, batches, opts, None)
+        else:
+            result = self._run_chunks(step, plan, batches, opts, every, folder)
+        if folder is not None and every is None:
+            self.save(step, folder / f"step-{self._state.steps(step):08d}")
+        return result
+
+    def _run_chunks(self, step: Runnable, plan: ActorPlan, batches: Any, opts: RunOptions, every: int,
+                    folder: Path | None) -> RunResult:
+        """``opts.steps`` steps as runs of ``every`` steps (``chunks.py``): the driver keeps the state after
+        each, and the workers write it to ``folder`` when given. One progress bar and one ``on_step`` count
+        over the whole run."""
+        steps, user = opts.steps, opts.on_step
+        bar = step_bar(steps, opts.progress, desc=plan.name)
+        parts: list[RunResult] = []
+        try:
+            for start in range(0, steps, every):
+                n = min(every, steps - start)
+
+                def report(s: int, _n: int, loss: float | None, start: int = start) -> None:
+                    if loss is not None:
+                        bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+                    bar.update(1)
+                    if user is not None:
+                        user(start + s, steps, loss)
+
+                chunk = dataclasses.replace(opts, steps=n, progress=False, on_step=report)
+                parts.append(self._run_kept(step, plan, chunk_batches(batches, start, n), chunk, folder))
+                if folder is not None:
+                    self.save(step, folder / f"step-{self._state.steps(step):08d}")
+        finally:
+            bar.close()
+        return merge_results(parts, plan.micro_batches)
+
+    def _run_kept(self, step: Runnable, plan: ActorPlan, batches: Any, opts: RunOptions,
+                  folder: Path | None) -> RunResult:
+        """One run of a compiled step from its kept state; a RunError says which step's state survived."""
+        try:
+            return self._run_once(step, plan, batches, opts, False, True)
+        except RunError as e:
+            done = self._state.steps(step)
+            if step not in self._state:
+                e.keep_note(0, "Nothing was kept: the next run of this step starts from its compiled weights.")
+            else:
+                disk = f"; on disk at {str(folder / f'step-{done:08d}')!r}" if (
+                    folder is not None and (folder / f"step-{done:08d}" / ".metadata").is_file()) else ""
+                e.keep_note(done, f"The state after step {done} is kept (on the driver{disk}); the next run of "
+                                  f"this step continues from it (restart=True starts over).")
+            raise
+
+    def _run_once(self, step: ActorPlan | Runnable, plan: ActorPlan, batches: Any, opts: RunOptions,
+                  restart: bool, carry: bool) -> RunResult:
         held, self._held = self._held, None  # what the workers keep: this run starts from it or drops it
+        self._ensure_workers()  # between chunks of a run too: a worker that died after its chunk is replaced
         if carry:
             if restart:
                 self._state.drop(step)
@@ -297,9 +364,88 @@ class LocalCluster:
                 self._kill()
             raise
         if carry:
-            self._state.put(step, result.final_shards, opts.keep)  # type: ignore[arg-type]
+            done = self._state.steps(step) + opts.steps
+            self._state.put(step, result.final_shards, opts.keep, done)  # type: ignore[arg-type]
             self._held = (self.driver, opts.keep)
         return result
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def save(self, step: Runnable, path: str | os.PathLike, *, timeout: float = 600.0) -> Path:
+        """Write ``step``'s training state here (parameters and optimizer state, as its next run would
+        start from them: after its last finished run, else its compiled weights) to the folder ``path``
+        in torch.distributed.checkpoint (DCP) format; returns the folder.
+
+        Each worker writes its own blocks (replicated ones once, as DCP plans them) under logical names:
+        the module's parameter names and ``"<param>.<optimizer state>"`` (``result.params``' keys), and
+        ``"sbplab.steps"``, the steps done. So ``load`` reads it back under this strategy or another, and
+        a plain torch module reads it without any process group (``sbplab.runtime.checkpoint
+        .load_checkpoint(module, path)``, or DCP itself). A folder holding a checkpoint is overwritten.
+        """
+        plan, where = self._checkpoint_plan(step, "save"), checkpoint_path(path, "save")
+        where.mkdir(parents=True, exist_ok=True)
+        blocks, done = blocks_of(plan), self._state.steps(step)
+        kept, tag = self._state.get(step), self._state.tag(step)
+        same = kept is not None and self._held is not None and self._held == (self.driver, tag)
+        values = None if same else (kept if kept is not None else initial_values(plan))
+        reqs = {r: CheckpointRequest("save", str(where), blocks.get(r, []), tag if same else None,
+                                     None if values is None else values.get(r, {}), done) for r in range(self.n)}
+        self._checkpoint_exchange(reqs, timeout, f"saving {plan.name!r} to {str(where)!r}")
+        return where
+
+    def load(self, step: Runnable, path: str | os.PathLike, *, timeout: float = 600.0) -> int:
+        """Make ``step``'s next run start from the checkpoint in the folder ``path`` (written by ``save``
+        or ``run(..., checkpoint_dir=...)``, under any strategy): each worker reads the blocks its ranks
+        hold under this step's strategy (DCP reshards on read) and keeps them; the driver keeps a copy
+        for fresh workers. Returns the steps done when it was written. Names and shapes are checked
+        first: a checkpoint of another model, or without the optimizer state this step needs, is refused."""
+        plan, where = self._checkpoint_plan(step, "load"), checkpoint_path(path, "load")
+        blocks = blocks_of(plan)
+        check_fits(where, blocks, "load")
+        tag = self._state.new_tag()
+        reqs = {r: CheckpointRequest("load", str(where), blocks.get(r, []), tag) for r in range(self.n)}
+        got = self._checkpoint_exchange(reqs, timeout, f"loading {str(where)!r} into {plan.name!r}")
+        shards = {r: vals for r, (vals, _) in got.items() if r in plan.ranks}
+        done = max(n for _, n in got.values())
+        self._state.put(step, shards, tag, done)
+        self._held = (self.driver, tag)
+        return done
+
+    def _ensure_workers(self) -> None:
+        """Workers up and in step: after a failure, spawned ones are started again (their kept values are
+        gone with them: the driver's copy is what continues)."""
+        if self.driver is not None and not self.driver.healthy:
+            self._kill()
+            self.driver = None
+        if self.driver is None:
+            self._held = None
+            if self.launch == "external":
+                if self._procs or getattr(self, "_had_external", False):
+                    raise ClusterError("the external workers were torn down after a failure; start them "
+                                       "again and call wait_ready()")
+                self._had_external = True
+            self.wait_ready()
+
+    def _checkpoint_plan(self, step: Any, what: str) -> ActorPlan:
+        if self.closed:
+            raise ClusterError("this LocalCluster is closed; create a new one")
+        if isinstance(step, ActorPlan) or not isinstance(step, Runnable):
+            raise InputTypeError(f"{what} needs a compiled step (sl.compile(...)): its state is what is "
+                                 f"checkpointed; got {type(step).__name__}")
+        need = ranks_needed(step)
+        if need is not None and need > self.n:
+            raise InputError(f"{what}: this step uses {need} ranks but the cluster has {self.n}")
+        return step.plan(world_size=self.n)
+
+    def _checkpoint_exchange(self, reqs: dict, timeout: float, what: str) -> dict:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InputError(f"{what}: timeout must be a number of seconds > 0, got {timeout!r}")
+        self._ensure_workers()
+        try:
+            return exchange(self.driver, reqs, timeout, what)
+        finally:
+            if not self.driver.healthy:  # type: ignore[union-attr]
+                self._held = None
+                self._kill()
 
     def reset(self, step: Runnable | None = None) -> None:
         """Forget the parameters and optimizer state kept for ``step`` (None: for every step): its next
