@@ -56,7 +56,7 @@ def drawn(fig) -> list[dict]:
     """Every firing bar of a figure (idle bars aside): its row, times, slot, legend entry and hover."""
     out = []
     for tr in fig.data:
-        if tr.name == "idle":
+        if tr.meta != "firings":  # idle gaps, transfer stretches, links, critical path, counters
             continue
         for x, base, y, w, hover, (row, actor, step) in zip(tr.x, tr.base, tr.y, tr.width, tr.hovertext,
                                                             tr.customdata):
@@ -127,10 +127,10 @@ def test_colours_legend_and_idle():
           TraceEvent(0, "comm", "s", "send", "send", "backward", 0, -1, 0, 60.0, 65.0, 32, None, (0, 3)),
           TraceEvent(0, "compute", "u", "sgd", "compute", "update", 0, -1, 0, 70.0, 72.0)]
     fig = timeline(Trace(ev))
-    by = {tr.name: tr for tr in fig.data}
+    by = {tr.name: tr for tr in fig.data if tr.meta in ("firings", "idle")}
     assert set(by) == {"forward", "backward", "update", "collectives on mesh axis 0", "collectives on mesh axis 1",
                        "send / recv", "idle"}
-    assert [tr.showlegend for tr in fig.data].count(True) == len(by)
+    assert [tr.showlegend for tr in fig.data].count(True) == len({tr.name for tr in fig.data})
     assert by["collectives on mesh axis 0"].marker.color == axis_color(0)
     assert by["collectives on mesh axis 1"].marker.color == axis_color(1) != axis_color(0)
     assert by["send / recv"].marker.color == KIND_COLORS["p2p"]
@@ -193,7 +193,7 @@ def test_hover_reads_actor_op_module_sbp_bytes_duration():
     bars = drawn(fig)
     assert len(bars) == len(trace.events)
     fc1 = next(n for n in c.physical.nodes if n.kind == "compute" and n.logical == "blocks.0.fc1" and n.rank == 0)
-    (hover,) = [b["hover"] for b in bars if f"rank 0, actor n{fc1.id}<" in b["hover"] and "step 0" in b["hover"]]
+    (hover,) = [b["hover"] for b in bars if f"actor n{fc1.id}<" in b["hover"] and "rank 0, step 0" in b["hover"]]
     ins = ", ".join(fmt_sbp(c.physical.nodes[r.node].out_sbps[r.out]) for r in fc1.inputs)
     assert f"<b>{fc1.op}</b> · forward" in hover
     assert f"module {c.graph.op_by_name['blocks.0.fc1'].module}" in hover
@@ -201,6 +201,13 @@ def test_hover_reads_actor_op_module_sbp_bytes_duration():
     assert "duration" in hover and "step 0" in hover
     coll = next(b for b in bars if b["series"] == "collectives on tp (mesh axis 1)")
     assert "bytes sent" in coll["hover"] and "on mesh axis 1 (tp)" in coll["hover"] and " -> " in coll["hover"]
+    # a collective names the tensor it moves and its SBP before and after, read from the plan's boxing step
+    rank, actor = next((e.rank, e.actor) for e in colls if e.mesh_axis == 1)
+    step = c.physical.nodes[next(i for i in c.physical.collectives[int(actor[1:])].nodes
+                                 if c.physical.nodes[i].rank == rank)].attrs["plan_step"]
+    want = f"{fmt_sbp(step.src_sbp)} -> {fmt_sbp(step.dst_sbp)} (before -> after)"
+    tips = [b["hover"] for b in bars if f"actor {actor}<" in b["hover"] and f"rank {rank}," in b["hover"]]
+    assert tips and all(want in t and " of " in t.split("<br>")[0] for t in tips)
     no_info = drawn(timeline(trace))  # without the compiled step: no module, no SBP, the rest is there
     assert not any("module" in b["hover"] for b in no_info) and all("duration" in b["hover"] for b in no_info)
 

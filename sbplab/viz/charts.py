@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..fmt import fmt_bytes
-from .colors import KIND_COLORS, shade
+from .colors import category_color
 
-MEMORY_PARTS = (  # (label, colour); their sum is RankMemory.peak
-    ("parameters", "#4e79a7"),
-    ("optimizer state", "#b07aa1"),
-    ("activation peak", "#f28e2b"),
-    ("micro-batches in flight", "#edc948"),
+MEMORY_PARTS = (  # (label, colour, Okabe-Ito); their sum is RankMemory.peak
+    ("parameters", "#0072b2"),
+    ("optimizer state", "#cc79a7"),
+    ("activation peak", "#e69f00"),
+    ("micro-batches in flight", "#f0e442"),
 )
 
 
@@ -62,19 +62,18 @@ def comm_by_rank(phys: Any) -> dict[int, dict[tuple[str, str], int]]:
 
 
 def comm_chart(phys: Any, title: str = "bytes sent per device per step") -> Any:
-    """Stacked bars per rank, one colour per phase, one shade per collective kind."""
+    """Stacked bars per rank, a colour per (phase, collective) from a colour-blind-safe palette."""
     import plotly.graph_objects as go
 
     per = comm_by_rank(phys)
     ranks = sorted(per)
     keys = sorted({k for v in per.values() for k in v})
-    kinds = sorted({k for _, k in keys})
     fig = go.Figure()
-    for phase, kind in keys:
+    for i, (phase, kind) in enumerate(keys):
         ys = [per[r].get((phase, kind), 0) for r in ranks]
         fig.add_trace(go.Bar(
             x=[f"rank {r}" for r in ranks], y=ys, name=f"{phase} {kind}",
-            marker_color=shade(KIND_COLORS.get(phase, KIND_COLORS["other"]), kinds.index(kind)),
+            marker_color=category_color(i),
             customdata=[fmt_bytes(y) for y in ys],
             hovertemplate=f"{phase} {kind}: %{{customdata}}<extra>%{{x}}</extra>"))
     total = sum(sum(v.values()) for v in per.values())

@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import colorsys
 
-# Tableau 10: distinct, print-friendly, readable with black text on top at ~70% opacity.
+# Ranks: Paul Tol's "light" scheme, made for colour-blind readers and for black text on top (a layout
+# picture writes each block's label over its rank's colour); golden-angle hues past nine ranks.
 _PALETTE = (
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+    "#77aadd", "#ee8866", "#eedd88", "#ffaabb", "#99ddff", "#44bb99", "#bbcc33", "#aaaa00", "#dddddd",
 )
 
+# Okabe & Ito's eight colours (safe for the common colour-vision deficiencies): categories that must tell
+# apart, such as the collective kinds of a communication chart.
+OKABE_ITO = ("#e69f00", "#56b4e9", "#009e73", "#f0e442", "#0072b2", "#d55e00", "#cc79a7", "#999999")
+
 # Compute is one family of blues, a shade per phase, so "the ranks are computing" reads at a glance;
-# communication gets warm hues, one per mesh axis, so data-parallel and tensor-parallel collectives
-# tell apart; transfers between placements are red; idle time is a pale grey.
+# communication gets Okabe-Ito's warm and purple hues, one per mesh axis, so data-parallel and
+# tensor-parallel collectives tell apart; transfers between placements are vermillion; idle time is a
+# pale grey.
 KIND_COLORS = {
-    "forward": "#6baed6",
-    "backward": "#2171b5",
+    "forward": "#56b4e9",
+    "backward": "#0072b2",
     "update": "#08306b",
-    "collective": "#f28e2b",  # a collective whose mesh axis the trace does not say
-    "p2p": "#d62728",
+    "collective": "#e69f00",  # a collective whose mesh axis the trace does not say
+    "p2p": "#d55e00",
     "idle": "#d9d9d9",
-    "other": "#9c755f",
+    "other": "#8c6d31",
 }
 
-# One hue per mesh axis (axis 0 = the first axis of the placement): orange, purple, gold, pink, teal.
-AXIS_COLORS = ("#f28e2b", "#9467bd", "#d4a92a", "#e377c2", "#17becf")
+# One hue per mesh axis (axis 0 = the first axis of the placement): orange, reddish purple, bluish green,
+# yellow, olive.
+AXIS_COLORS = ("#e69f00", "#cc79a7", "#009e73", "#f0e442", "#999933")
+
+
+def category_color(index: int) -> str:
+    """The ``index``-th of a set of categories (Okabe-Ito, cycled): what a stacked chart's series use."""
+    return OKABE_ITO[index % len(OKABE_ITO)]
 
 
 def axis_color(axis: int | None) -> str:

@@ -14,17 +14,41 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def ahead_of(events: Sequence[dict], bars: Sequence[Any], where: Sequence[tuple[Any, Any]]) -> list[bool] | None:
+def ahead_of(events: Sequence[dict], bars: Sequence[Any], where: Sequence[tuple[Any, Any]],
+             pairs: Sequence[tuple[int, int]] | None = None) -> list[bool] | None:
     """Per bar: True when it reads no input, or only inputs of firings that are themselves ahead;
     communication is never ahead. None when the trace has no flows (nothing to tell by).
 
     ``where`` is each bar's (pid, tid): a flow starts inside its producer's slice on that thread
-    (``s`` at the slice's end) and ends at its consumer's start (``f``).
+    (``s`` at the slice's end) and ends at its consumer's start (``f``); ``pairs``: ``flow_pairs`` of
+    the same, when the caller has them already.
     """
+    if not any(e.get("ph") == "f" and "id" in e for e in events):
+        return None
+    inputs: dict[int, list[int]] = {}
+    for consumer, producer in (flow_pairs(events, bars, where) if pairs is None else pairs):
+        inputs.setdefault(consumer, []).append(producer)
+    memo: dict[int, bool] = {}
+    for root in range(len(bars)):  # depth first without recursion: chains run thousands of firings long
+        stack = [root]
+        while stack:
+            i = stack[-1]
+            if i in memo:
+                stack.pop()
+                continue
+            todo = [p for p in inputs.get(i, ()) if p not in memo and p not in stack]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[i] = bars[i].lane != "comm" and all(memo.get(p, False) for p in inputs.get(i, ()))
+    return [memo[i] for i in range(len(bars))]
+
+
+def flow_pairs(events: Sequence[dict], bars: Sequence[Any], where: Sequence[tuple[Any, Any]]) -> list[tuple[int, int]]:
+    """(consumer, producer) bar indices of every flow whose two ends are drawn firings."""
     starts = {e["id"]: (e.get("pid"), e.get("tid"), e.get("ts")) for e in events if e.get("ph") == "s" and "id" in e}
     ends = [(e["id"], (e.get("pid"), e.get("tid"), e.get("ts"))) for e in events if e.get("ph") == "f" and "id" in e]
-    if not ends:
-        return None
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, int]]] = {}
     for i, (b, w) in enumerate(zip(bars, where)):
         by_thread.setdefault(w, []).append((b.start_us, b.end_us, i))
@@ -43,25 +67,11 @@ def ahead_of(events: Sequence[dict], bars: Sequence[Any], where: Sequence[tuple[
             return i if s == ts else None
         return i if s <= ts <= e + 1e-3 else None
 
-    inputs: dict[int, list[int]] = {}
+    out = []
     for fid, (pid, tid, ts) in ends:
         consumer = find(pid, tid, ts, True)
         src = starts.get(fid)
         producer = find(*src, False) if src is not None else None
         if consumer is not None and producer is not None:
-            inputs.setdefault(consumer, []).append(producer)
-    memo: dict[int, bool] = {}
-    for root in range(len(bars)):  # depth first without recursion: chains run thousands of firings long
-        stack = [root]
-        while stack:
-            i = stack[-1]
-            if i in memo:
-                stack.pop()
-                continue
-            todo = [p for p in inputs.get(i, ()) if p not in memo and p not in stack]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
-            memo[i] = bars[i].lane != "comm" and all(memo.get(p, False) for p in inputs.get(i, ()))
-    return [memo[i] for i in range(len(bars))]
+            out.append((consumer, producer))
+    return out

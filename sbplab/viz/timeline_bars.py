@@ -22,7 +22,7 @@ from typing import Any
 
 from ..boxing import kinds as boxing_kinds
 from ..errors import InputError, InputTypeError
-from .flows import ahead_of
+from .flows import ahead_of, flow_pairs
 
 KINDS = ("forward", "backward", "update", "collective", "p2p", "other")
 STREAMS = ("compute", "comm")
@@ -48,6 +48,8 @@ class Bar:
     levels: int = 1
     actor_kind: str = field(default="", compare=False)  # the runtime's actor kind (compute, state, ...)
     ahead: bool | None = field(default=None, compare=False)  # reads nothing its step computed (flows.py)
+    # a receive: (rank, actor, firing) of the send on another rank whose flow feeds it (timeline_links.py)
+    source: tuple | None = field(default=None, compare=False)
 
     @property
     def row(self) -> str:
@@ -86,7 +88,7 @@ def trace_events(trace: Any) -> list[dict]:
 
 
 def _from_record(e: Any) -> dict:
-    args = {k: getattr(e, k) for k in ("op", "kind", "step", "micro", "bytes", "mesh_axis") if hasattr(e, k)}
+    args = {k: getattr(e, k) for k in ("op", "kind", "step", "micro", "firing", "bytes", "mesh_axis") if hasattr(e, k)}
     if getattr(e, "group", ()):
         args["group"] = list(e.group)
     return {"ph": "X", "pid": e.rank, "tid": e.lane, "name": getattr(e, "actor", getattr(e, "op", "?")),
@@ -181,9 +183,14 @@ def timeline_bars(trace: Any) -> list[Bar]:
             begin = open_[key].pop()
             merged = {**begin, "args": {**(begin.get("args") or {}), **(ev.get("args") or {})}}
             bars.append(bar(merged, begin["ts"], ev["ts"] - begin["ts"]))
-    ahead = ahead_of(events, bars, where)
+    pairs = flow_pairs(events, bars, where)
+    ahead = ahead_of(events, bars, where, pairs)
     if ahead is not None:
         bars = [dataclasses.replace(b, ahead=a) for b, a in zip(bars, ahead)]
+    for consumer, producer in pairs:  # a flow across ranks: the send that fed a receive
+        if where[consumer][0] != where[producer][0]:
+            p = bars[producer]
+            bars[consumer] = dataclasses.replace(bars[consumer], source=(p.rank, p.name, p.args.get("firing")))
     return pack_levels(sorted(bars, key=lambda b: b.start_us))
 
 

@@ -17,7 +17,7 @@ from html import escape
 from typing import Any
 
 from ..viz.charts import MEMORY_PARTS, comm_by_rank, memory_parts
-from ..viz.colors import KIND_COLORS, firing_color, shade
+from ..viz.colors import category_color, firing_color, shade
 from ..viz.graph_dot import fmt_bytes
 from ..viz.timeline import Bar
 
@@ -79,9 +79,8 @@ def comm_svg(phys: Any) -> str:
     per = comm_by_rank(phys)
     ranks = sorted(per)
     keys = sorted({k for v in per.values() for k in v})
-    kinds = sorted({k for _, k in keys})
-    series = [(f"{phase} {kind}", shade(KIND_COLORS.get(phase, KIND_COLORS["other"]), kinds.index(kind)),
-               [per[r].get((phase, kind), 0) for r in ranks]) for phase, kind in keys]
+    series = [(f"{phase} {kind}", category_color(i), [per[r].get((phase, kind), 0) for r in ranks])
+              for i, (phase, kind) in enumerate(keys)]
     total = sum(sum(v.values()) for v in per.values())
     return stacked_bars_svg([f"rank {r}" for r in ranks], series, f"bytes sent per step: {fmt_bytes(total)} in all")
 
