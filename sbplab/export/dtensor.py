@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sbp import Split
+from .local_maps import LocalMapCall, local_map_calls
 from .placements import DTensorPlacement, placements_of
 
 MODES = ("parallelize_module", "distribute", "fully_shard", "pipeline")
@@ -45,6 +46,7 @@ class DTensorExport:
     tp_dim: str | None = None  # mesh dim name of the tensor-parallel axis
     reshard_after_forward: bool = True  # fully_shard only: ZeRO-3 (True) or ZeRO-2 (False)
     strategy: str = ""
+    local_maps: list[LocalMapCall] = field(default_factory=list)  # calls DTensor runs only through local_map
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -65,6 +67,22 @@ class DTensorExport:
 
         return shard_batch(self, batch, device_mesh)
 
+    def running(self) -> Any:
+        """The context a forward (and its backward) runs in: plain tensors the model makes (masks,
+        positions) act as replicated (``implicit_replication``), and the calls DTensor has no rule for
+        run through ``local_map`` with sbplab's placements (``local_maps``). Enter it once per step."""
+        import contextlib
+
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        from .local_maps import local_map_mode
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(implicit_replication())
+        if self.local_maps:
+            stack.enter_context(local_map_mode(self.local_maps))
+        return stack
+
     def code(self) -> str:
         """The Python a user would write for this strategy with torch.distributed."""
         from .dtensor_code import code
@@ -75,6 +93,7 @@ class DTensorExport:
         lines = [f"{self.strategy}: DTensor mode {self.mode}, mesh {self.mesh_shape} {self.mesh_dim_names} "
                  f"({self.device_type})"]
         lines += [f"  {m}: {s}" for m, s in self.plan.items()]
+        lines += [f"  local_map: {c.describe()}" for c in self.local_maps]
         lines += [f"  cannot express: {u}" for u in self.unsupported]
         return "\n".join(lines)
 
@@ -144,7 +163,7 @@ def _export(step: Any) -> DTensorExport:
         placements={p: placements_of(nd) for p, nd in params.items()},
         input_placements={n: placements_of(nd) for n, nd in inputs.items()},
         plan=plan, mode=mode, unsupported=unsupported, tp_dim=names[tp] if tp is not None else None,
-        reshard_after_forward=bool(zero_axes), strategy=st.name)
+        reshard_after_forward=bool(zero_axes), strategy=st.name, local_maps=local_map_calls(step))
 
 
 def _dim_names(mesh: Any, data_axes: set[int], tp_axes: set[int]) -> tuple[str, ...]:

@@ -55,11 +55,19 @@ def apply(exp: DTensorExport, module: Any, device_mesh: Any) -> Any:
         return fully_shard(module, mesh=device_mesh, reshard_after_forward=exp.reshard_after_forward)
     from torch.distributed.tensor import distribute_module, distribute_tensor
 
+    # Tied weights (an LM head sharing the embedding's matrix) are one Parameter under two names:
+    # named_parameters() gives it once, under the name the compiled step knows it by; every module
+    # holding it gets the same DTensor parameter, so the tie survives.
+    canonical = {id(p): n for n, p in module.named_parameters()}
+    made: dict[int, torch.nn.Parameter] = {}
+
     def partition(prefix: str, sub: torch.nn.Module, mesh: Any) -> None:
         for name, p in list(sub.named_parameters(recurse=False)):
-            full = f"{prefix}.{name}" if prefix else name
-            placements = [x.to_torch() for x in exp.placements[full]]
-            sub.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh, placements)))
+            if id(p) not in made:
+                placements = [x.to_torch() for x in exp.placements[canonical[id(p)]]]
+                made[id(p)] = torch.nn.Parameter(distribute_tensor(p.data, mesh, placements),
+                                                 requires_grad=p.requires_grad)
+            sub.register_parameter(name, made[id(p)])
 
     return distribute_module(module, device_mesh, partition)
 
