@@ -313,6 +313,7 @@ class Driver:
         trace = build_trace(plan, steps, {r: res["trace"] for r, res in results.items()}, offsets, t_start) \
             if opts.trace else None
         res = RunResult(losses, outputs, params, steps=steps, wall_s=wall)
+        res.memory = {r: got["memory"] for r, got in results.items() if "memory" in got}
         if opts.state:
             res.final_shards = {r: got["params"] for r, got in results.items()}
         if trace is not None:

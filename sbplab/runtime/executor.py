@@ -29,6 +29,7 @@ from .comm import Comm
 from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph
 from .fusion import fuse_chains
 from .lanes import CommFailure, CommLane, Streams
+from .memory_peak import MemoryMeter
 from .results import stack_values
 from .specs import Accumulate, Collective, Recv, Sink, State
 
@@ -106,6 +107,8 @@ class Executor:
         self.behaviours = [make_behaviour(a, spec.micro_batches, spec.steps, device, spec.feeds, self.pools, resume)
                            for a in actors]
         self.fused = [b if isinstance(b, FusedB) else None for b in self.behaviours]
+        # bytes held per category, peak kept (RunResult.memory); on CUDA the allocator's peak too
+        self.meter = MemoryMeter(actors, self.origin, rp.actors, self.behaviours, self.pools.buffers, device)
         self.order = [(self.graph.names[n], m) for n, m in spec.order]
         # per actor, the registers it reads: (producer, output index, mode code)
         self.reads = [[(p, j, MODES[mode]) for p, j, mode in n.inputs] for n in self.graph.nodes]
@@ -184,6 +187,7 @@ class Executor:
             if outs is None or len(outs) != self.n_outputs[i]:
                 raise RuntimeError(f"actor {node.actor.name!r} produced no output for firing {k}")
             self.outs[i][o] = outs
+            self.meter.stored(i, outs)
             if ev is not None:
                 self.events[i][o] = ev
         touched = g.finish(i, k)
@@ -197,7 +201,7 @@ class Executor:
         for p in touched:
             released = nodes[p].released
             while pruned[p] < released:
-                self.outs[p].pop(pruned[p], None)
+                self.meter.freed(p, self.outs[p].pop(pruned[p], None))
                 if cuda:
                     self.events[p].pop(pruned[p], None)
                 pruned[p] += 1
@@ -359,7 +363,7 @@ class Executor:
                 sinks[a.name] = stack_values(b.values)  # type: ignore[union-attr]
             elif isinstance(a, State) and self.spec.want_params and a.key and a.name not in self.spec.replicas:
                 params[a.name] = b.value.detach().to("cpu", copy=True)  # type: ignore[union-attr]
-        out = {"sinks": sinks, "params": params, "trace": self.trace}
+        out = {"sinks": sinks, "params": params, "trace": self.trace, "memory": self.meter.result()}
         if self.spec.keep is not None:  # for the worker, not the driver: the values themselves, where they are
             out["kept"] = {a.name: b.value for a, b in zip(self.actors, self.behaviours)  # type: ignore[union-attr]
                            if isinstance(a, State) and a.key}

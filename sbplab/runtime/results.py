@@ -12,6 +12,7 @@ from ..errors import InputError, InputTypeError
 from ..layout import assemble, balanced_sizes, shard
 from ..sbp import Broadcast, Split
 from .actor_plan import ActorPlan
+from .memory_peak import MemoryPeak
 from .specs import PlanError, Sink, Source, State
 from .trace import Trace
 
@@ -102,6 +103,8 @@ class RunResult:
     step_times: measured wall seconds per step, from the trace (see the property).
     final_shards: per rank, per State actor, its final local value: what the next run of the same
         compiled step on the same cluster starts from (kept even with ``params=False``).
+    memory: per rank, its measured peak (``MemoryPeak``: bytes by the simulator's categories; on CPU the
+        tensors the runtime holds, on CUDA the allocator's peak): ``sl.compare`` sets it beside the prediction.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -111,6 +114,7 @@ class RunResult:
     steps: int = 0
     wall_s: float = 0.0
     final_shards: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
+    memory: dict[int, MemoryPeak] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def step_times(self) -> list[float]:

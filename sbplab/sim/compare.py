@@ -3,7 +3,8 @@
 Three views, each with relative errors (predicted / measured - 1):
 - per step: the prediction's steady-state step time against every measured step (``step_times``);
 - per rank and lane: busy seconds per step on the compute and the comm lane;
-- per kind of actor (compute op or communication kind): seconds per step summed over ranks.
+- per kind of actor (compute op or communication kind): seconds per step summed over ranks;
+- per rank, peak memory: the simulated peak against the run's measured one (``RunResult.memory``).
 Measured lanes count the steps after the first, like the prediction, when a run has several.
 """
 
@@ -13,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..fmt import fmt_bytes
 from ..runtime.trace import Trace
 
 if TYPE_CHECKING:
@@ -40,6 +42,10 @@ class PredictedVsMeasured:
         for row in sorted(d["kinds"], key=lambda x: -x["measured"])[:top]:
             lines.append(f"{row['kind'][:28]:28s} {row['predicted'] * 1e3:>9.3f} {row['measured'] * 1e3:>9.3f} "
                          f"{_pct(row['error']):>7}")
+        if d.get("memory"):
+            lines.append(f"{'rank':>4} {'pred peak':>12} {'meas peak':>12} {'error':>7}  measured by")
+            lines += [f"{m['rank']:>4} {fmt_bytes(m['predicted']):>12} {fmt_bytes(m['measured']):>12} "
+                      f"{_pct(m['error']):>7}  {m['source']}" for m in d["memory"]]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -84,6 +90,10 @@ def compare(pred: Prediction, result: RunResult) -> PredictedVsMeasured:
              for r, lane in sorted(set(p_lanes) | set(m_lanes))]
     kinds = [{"kind": k, "predicted": p_kinds.get(k, 0.0), "measured": m_kinds.get(k, 0.0),
               "error": _err(p_kinds.get(k, 0.0), m_kinds.get(k, 0.0))} for k in sorted(set(p_kinds) | set(m_kinds))]
+    memory = [{"rank": r, "predicted": pred.peak_memory[r], "measured": m.peak, "error": _err(pred.peak_memory[r], m.peak),
+               "source": m.source, "predicted_breakdown": pred.memory_breakdown.get(r, {}),
+               "measured_breakdown": m.breakdown} for r, m in sorted(getattr(result, "memory", {}).items())
+              if r in pred.peak_memory]
     return PredictedVsMeasured({"step_time": {"predicted": pred.step_time, "measured": meas,
                                      "error": _err(pred.step_time, meas)},
-                       "measured_steps": measured_steps, "lanes": lanes, "kinds": kinds})
+                       "measured_steps": measured_steps, "lanes": lanes, "kinds": kinds, "memory": memory})

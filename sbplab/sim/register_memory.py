@@ -9,65 +9,19 @@ from the first micro-batch of a step to its release. An actor that writes ``into
 gradient bucket's, ``runtime.buffers``) allocates nothing: the buffers are persistent gradients, one
 per register of the actor guarding them.
 
-Categories: ``parameters`` (States read by forward or backward actors, and the next values an update
-computes for them), ``optimizer state`` (States only the update reads, and their next values),
-``gradients`` (Accumulate buffers, backward registers the update reads, and the collectives and
-accumulations feeding those), ``activations`` (everything else: inputs, activations, activation
-gradients, boxing buffers).
+The categories are ``runtime.memory_peak.categories``: the runtime measures a run's peak in the same
+ones (``RunResult.memory``), so ``sl.compare`` lines the two up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..runtime.specs import Accumulate, Actor, Collective, State
+from ..runtime.memory_peak import CATEGORIES, MemoryPeak, categories
+from ..runtime.specs import Actor, State
 from .engine import Firings
 from .shapes import ActorShapes, nbytes
 
-CATEGORIES = ("parameters", "gradients", "optimizer state", "activations")
-
-
-@dataclass
-class RankPeak:
-    """Peak bytes of one rank and what they were at that moment."""
-
-    peak: int
-    at_us: float
-    breakdown: dict[str, int] = field(default_factory=dict)
-
-
-def categories(actors: list[Actor]) -> dict[tuple[str, int], str]:
-    """(actor name, output index) -> the category of that register (a State: of its persistent value)."""
-    by_name = {a.name: a for a in actors}
-    readers: dict[str, list[Actor]] = {a.name: [] for a in actors}
-    for a in actors:
-        for ref in a.inputs:
-            readers[ref.actor].append(a)
-    cat: dict[tuple[str, int], str] = {}
-    for a in actors:
-        if isinstance(a, State):
-            used = any(c.phase != "update" for c in readers[a.name])
-            cat[(a.name, 0)] = "parameters" if used else "optimizer state"
-    for a in actors:
-        if isinstance(a, State) and a.update is not None:
-            cat.setdefault((a.update.actor, a.update.index), cat[(a.name, 0)])
-    grads = [a.name for a in actors if isinstance(a, Accumulate) or (
-        a.phase == "backward" and any(c.phase == "update" or isinstance(c, Accumulate) for c in readers[a.name]))]
-    seen: set[str] = set()
-    while grads:  # the reductions feeding a gradient carry the gradient too
-        name = grads.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        a = by_name[name]
-        for j in range(max(a.num_outputs, 1)):
-            cat.setdefault((name, j), "gradients")
-        if isinstance(a, (Collective, Accumulate)):
-            grads.extend(r.actor for r in a.inputs if by_name[r.actor].phase == "backward")
-    for a in actors:
-        for j in range(max(a.num_outputs, 1)):
-            cat.setdefault((a.name, j), "activations")
-    return cat
+RankPeak = MemoryPeak  # the predicted peak is the same type as the measured one (``runtime.memory_peak``)
+__all__ = ["CATEGORIES", "RankPeak", "categories", "peak_memory"]
 
 
 def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[int, dict[str, ActorShapes]],
@@ -112,5 +66,5 @@ def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[i
             total += nb
             if total > peak:
                 peak, at, best = total, t, dict(now)
-        result[r] = RankPeak(peak, at * 1e6, best)
+        result[r] = MemoryPeak(peak, best, at * 1e6, "simulated")
     return result
