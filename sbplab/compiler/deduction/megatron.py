@@ -121,6 +121,8 @@ def linear_use(graph: Graph, op: OpNode) -> LinearUse | None:
             return None
         p_out, p_in = (0, 1) if transposed else (1, 0)
         return LinearUse(data, weight, bias, param.name, 1, 0, p_out, p_in)
+    if op.type.startswith("aten."):  # a captured op other than mm/addmm is no layer (a norm, an embedding)
+        return None
     w = graph.tensors[op.inputs[1]]
     if w.role != "param" or not w.name.endswith(".weight"):
         return None

@@ -106,12 +106,15 @@ class TensorParallel(ParallelRule):
         lines, warns = pairing.lines(), []
         embeds, heads = ([], []) if not self.vocab else _vocab(ctx, pairing, tp)
         for kind, op, ok, why in embeds + heads:
-            lines.append(f"{kind} {op.name} over the vocabulary: " + ("split" if ok else f"kept whole: {why}"))
-            if not ok:
+            done = "split" + (", its logits gathered for the loss (the group above is this layer)" if kind == "output layer"
+                              else ", its partial lookups summed") if ok else f"kept whole: {why}"
+            lines.append(f"{kind} {op.name} over the vocabulary: {done}")
+            if not ok and "position table" not in why:
                 warns.append(f"{kind} {_module(graph, op)}: {why}")
         hints += _vocab_hints(ctx, [x for x in embeds if x[2]], [x for x in heads if x[2]])
+        split_heads = {op.name for _, op, ok, _ in heads if ok}
         for g in pairing.groups:
-            if not g.paired:
+            if not g.paired and not set(g.columns) <= split_heads:
                 warns.append(f"{', '.join(_module(graph, graph.op_by_name[c]) for c in g.columns)}: {g.broken}")
         warns += [f"{_module(graph, graph.op_by_name[c])} kept whole: {why}" for c, why in pairing.kept_whole.items()]
         applied = bool(pairing.pairs) or any(x[2] for x in embeds + heads)
@@ -194,6 +197,19 @@ def _embedding_parts(op: OpNode) -> tuple[str, str]:
     return (op.inputs[0], op.inputs[1]) if op.type == "embedding" else (op.inputs[1], op.inputs[0])
 
 
+def _from_input(graph: Graph, name: str, depth: int = 6) -> bool:
+    """Whether ``name`` is a model input, or one reshaped or cast (token ids, not computed positions)."""
+    for _ in range(depth):
+        t = graph.tensors[name]
+        if t.role == "input":
+            return True
+        src = graph.producer(name)
+        if src is None or not src.inputs:
+            return False
+        name = src.inputs[0]
+    return False
+
+
 def _vocab(ctx: _Ctx, pairing: Pairing, tp: int) -> tuple[list, list]:
     """Embeddings and language-model heads, each as (kind, op, splits, why not)."""
     graph = ctx.graph
@@ -206,26 +222,31 @@ def _vocab(ctx: _Ctx, pairing: Pairing, tp: int) -> tuple[list, list]:
         wt = graph.tensors[w]
         if wt.role != "param" or len(wt.shape) != 2:
             continue
-        vocab_sizes.add(wt.shape[0])
-        if op.type != "embedding":
+        if _from_input(graph, ids):
+            vocab_sizes.add(wt.shape[0])
+        if not _from_input(graph, ids):
+            embeds.append(("embedding", op, False, "its ids are computed, not the model's input (a position "
+                                                  "table, not a vocabulary): it stays whole"))
+        elif op.type != "embedding":
             embeds.append(("embedding", op, False, "the captured ATen embedding has no vocabulary-parallel rule "
                                                   "here (sbplab's own embedding op has one)"))
         elif wt.shape[0] % tp:
             embeds.append(("embedding", op, False, f"its {wt.shape[0]} rows do not divide over {tp} ranks"))
-        elif wt.shape[0] < 2 * tp or "position" in w or w.startswith("wpe") or ".wpe" in w:
-            embeds.append(("embedding", op, False, "a position table, not a vocabulary: it stays whole"))
         else:
             embeds.append(("embedding", op, True, ""))
-    paired = {c for g in pairing.pairs for c in g.columns}
+    paired = {c for g in pairing.pairs for c in (*g.columns, *g.rows)}
+    whole_tables = {_embedding_parts(op)[1] for _, op, ok, _ in embeds if not ok}
     heads = []
     for op in fwd:
-        use = linear_use(graph, op)
+        use = linear_use(graph, op) if op.type not in EMBEDDINGS else None
         if use is None or op.name in paired:
             continue
         p = graph.tensors[use.param]
         if p.shape[use.param_out] not in vocab_sizes:
             continue
-        if p.shape[use.param_out] % tp:
+        if p.name in whole_tables:
+            heads.append(("output layer", op, False, f"its weight is tied to the embedding {p.name}, which stays whole"))
+        elif p.shape[use.param_out] % tp:
             heads.append(("output layer", op, False, f"its {p.shape[use.param_out]} outputs do not divide over {tp}"))
         else:
             heads.append(("output layer", op, True, ""))
@@ -250,6 +271,7 @@ def _vocab_hints(ctx: _Ctx, embeds: list, heads: list) -> list[Hint]:
         _hint(escape(o), [o], ctx.whole(), "Megatron output layer: the logits gathered for the loss", out,
               role="activation")
         if graph.input_grads:
-            _hint(escape(op.name), [op.name], ctx.whole(), "Megatron f: the input's gradient is all-reduced", out,
-                  input_grad=use.data)
+            what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
+            _hint(escape(op.name), [op.name], ctx.between_blocks(op.inputs[use.data]),
+                  f"Megatron f: the input's gradient is {what}", out, input_grad=use.data)
     return out
