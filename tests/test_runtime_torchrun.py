@@ -6,8 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import torch
 from sbplab.runtime import LocalCluster
 from sbplab.runtime.cluster import free_port
 from sbplab.runtime.examples import data_parallel_linear, reference_mlp_steps
+from sbplab.runtime.worker_main import WrongToken, connect
 
 pytestmark = pytest.mark.multiprocess
 
@@ -44,8 +43,9 @@ def test_two_torchrun_launches_form_one_cluster_and_run_a_dp_step(tmp_path):
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for i, (env, extra) in enumerate(how)]
     try:
-        with pytest.raises(AuthenticationError):  # a stranger without the token is turned away
-            Client(cluster.address, authkey=b"wrong token")
+        with pytest.raises(WrongToken, match="refused this worker's token"):  # a stranger without the token
+            connect(cluster.address, b"wrong token", rank=5, timeout=10)
+        assert cluster.failed_authentications == 1
         cluster.wait_ready(timeout=120)
         torch.manual_seed(0)
         w0 = torch.randn(5, 2)

@@ -137,12 +137,46 @@ def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def refused(address: tuple[str, int]) -> bool:
+def refused(address: tuple[str, int] | str) -> bool:
+    """Nothing listens at ``address`` any more (a TCP (host, port), or a Unix socket path, gone with its
+    private directory)."""
     try:
-        socket.create_connection(address, timeout=5).close()
-    except ConnectionRefusedError:
+        connect_raw(address).close()
+    except (ConnectionRefusedError, FileNotFoundError):
         return True
     return False
+
+
+def connect_raw(address: tuple[str, int] | str) -> socket.socket:
+    """A plain socket to the driver, TCP or Unix, as any local process could open one."""
+    if isinstance(address, str):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        try:
+            s.connect(address)
+        except BaseException:
+            s.close()
+            raise
+        return s
+    return socket.create_connection(address, timeout=10)
+
+
+def join_with(address: tuple[str, int] | str, token: bytes, rank: int = -1):
+    """Run the worker's side of the join handshake with ``token``; returns the open Connection, or raises
+    WrongTokenError (refused) or EOFError/OSError (dropped before a verdict)."""
+    from multiprocessing.connection import Connection
+
+    from sbplab.runtime.handshake import worker_side
+
+    sock = connect_raw(address)
+    sock.setblocking(True)
+    conn = Connection(sock.detach())
+    try:
+        worker_side(conn, token, rank)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 @dataclass

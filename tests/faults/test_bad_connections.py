@@ -1,19 +1,20 @@
-"""Strangers on the driver's port: garbage, silence, half-open, a wrong token or an oversized hello are
-dropped one by one, and the cluster keeps running and respawning as if they were not there."""
+"""Strangers on the driver's socket: garbage, silence, half-open, a wrong token or an oversized hello are
+dropped one by one, and the cluster keeps running and respawning as if they were not there. (A spawned
+cluster's socket is a Unix socket in a 0700 directory: these strangers are this user's own processes.)"""
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import struct
 import time
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
 
 import pytest
-from fault_helpers import check_dp_run, wait_until
+from fault_helpers import check_dp_run, connect_raw, join_with, wait_until
 
 from sbplab.runtime import LocalCluster
+from sbplab.runtime.handshake import WrongTokenError
 
 pytestmark = [pytest.mark.faults, pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -26,7 +27,7 @@ def cluster():
 
 
 def _connect(cluster) -> socket.socket:
-    return socket.create_connection(cluster.address, timeout=10)
+    return connect_raw(cluster.address)
 
 
 def test_garbage_silent_and_half_open_connections_do_not_harm_the_cluster(cluster):
@@ -39,12 +40,13 @@ def test_garbage_silent_and_half_open_connections_do_not_harm_the_cluster(cluste
     closed = _connect(cluster)
     closed.close()  # connects and goes
     check_dp_run(cluster)
-    # the silent peer got the challenge and then, at the handshake deadline, an end of file
+    # the silent peer never said it was joining, so it got nothing, then, at the handshake deadline, an
+    # end of file
     silent.settimeout(10)
     data = b""
     while chunk := silent.recv(4096):
         data += chunk
-    assert data  # the challenge came, then the driver hung up
+    assert data == b""
     wait_until(lambda: cluster._acceptor.rejected >= before + 4, 10, "dropping the four strangers")
     assert cluster._acceptor.running
     for s in (silent, garbage, half_open):
@@ -52,17 +54,25 @@ def test_garbage_silent_and_half_open_connections_do_not_harm_the_cluster(cluste
     check_dp_run(cluster)
 
 
-def test_a_wrong_token_is_refused_and_the_old_fixed_key_is_gone(cluster):
-    for key in (b"wrong token", b"sbplab-loopback"):
-        with pytest.raises(AuthenticationError):
-            Client(cluster.address, authkey=key)
+def test_a_wrong_token_is_refused_counted_and_throttled_and_the_old_fixed_key_is_gone(cluster):
+    before = cluster.failed_authentications
+    for key in (b"wrong token", b"sbplab-loopback", cluster.token.encode()[:-1]):
+        with pytest.raises(WrongTokenError, match="refused"):
+            join_with(cluster.address, key)
+    assert cluster.failed_authentications == before + 3
+    # this process's next challenge comes later and later (doubling), so guessing is throttled
+    pauses = [cluster._acceptor._backoff(("pid", os.getpid()))]
+    with pytest.raises(WrongTokenError):
+        join_with(cluster.address, b"one more guess")
+    pauses.append(cluster._acceptor._backoff(("pid", os.getpid())))
+    assert 0 < pauses[0] < pauses[1] <= 2.0
     check_dp_run(cluster)
 
 
 def test_an_authenticated_peer_cannot_send_a_huge_first_message(cluster):
     """Past the challenge, the first message is capped before it is read, let alone unpickled."""
     before = cluster._acceptor.rejected
-    conn = Client(cluster.address, authkey=cluster.token.encode())
+    conn = join_with(cluster.address, cluster.token.encode())
     big = pickle.dumps(("hello", {"pad": b"x" * (1 << 20)}))
     try:
         conn.send_bytes(big)

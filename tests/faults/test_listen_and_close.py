@@ -1,16 +1,17 @@
-"""Sockets: the driver, the rendezvous store and Gloo listen on loopback only; ``close()`` leaves no
-process, thread or port behind, even when Ctrl-C interrupts it."""
+"""Sockets: a spawned cluster's driver listens on a Unix socket in a private 0700 directory and its
+workers meet in a FileStore there, so only Gloo listens on TCP, on loopback only; ``close()`` leaves no
+process, thread, port or file behind, even when Ctrl-C interrupts it."""
 
 from __future__ import annotations
 
 import _thread
 import os
 import signal
-import socket
+import stat
 import threading
 
 import pytest
-from fault_helpers import check_dp_run, gone, listening
+from fault_helpers import check_dp_run, connect_raw, gone, listening
 
 from sbplab.runtime import LocalCluster
 
@@ -23,20 +24,26 @@ def _accept_threads() -> int:
 
 def _refused(address) -> bool:
     try:
-        socket.create_connection(address, timeout=5).close()
-    except ConnectionRefusedError:
+        connect_raw(address).close()
+    except (ConnectionRefusedError, FileNotFoundError):
         return True
     return False
 
 
-def test_driver_store_and_gloo_listen_on_loopback_only():
+def test_driver_and_store_are_private_files_and_gloo_listens_on_loopback_only():
+    before = listening(os.getpid())
     with LocalCluster(2) as c:
         check_dp_run(c)
-        driver = {ip for ip, port in listening(os.getpid()) if port == c.address[1]}
-        assert driver == {"127.0.0.1"}
-        workers = set().union(*(listening(pid) for pid in c.pids))
-        assert workers, "rank 0 should listen (the rendezvous store) and Gloo too"
-        assert {ip for ip, _ in workers} == {"127.0.0.1"}, workers
+        folder = os.path.dirname(c.address)
+        assert os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(folder).st_uid == os.getuid()
+        assert stat.S_ISSOCK(os.stat(c.address).st_mode)
+        assert listening(os.getpid()) == before  # the driver opened no TCP port
+        assert any(f.startswith("store-") for f in os.listdir(folder))  # the FileStore of this start
+        workers = [listening(pid) for pid in c.pids]
+        assert all(workers), "each rank's Gloo listens"
+        assert {ip for w in workers for ip, _ in w} == {"127.0.0.1"}, workers
+        assert all(len(w) == 1 for w in workers), workers  # Gloo only: no TCPStore on rank 0
+    assert not os.path.exists(folder)  # close() deletes the directory, store and socket with it
 
 
 def test_a_non_loopback_host_needs_a_token():
