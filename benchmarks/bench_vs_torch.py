@@ -24,6 +24,10 @@ they train the same thing.
 
     .venv/bin/python benchmarks/bench_vs_torch.py            # widths 256 1024 2048, 2 and 4 ranks
     .venv/bin/python benchmarks/bench_vs_torch.py --quick    # width 256, 2 ranks, fewer steps
+    python benchmarks/bench_vs_torch.py --device cuda --ranks 2  # NCCL, one GPU per rank, both sides
+
+On CUDA both sides run NCCL with one GPU per rank and the peer synchronises the device before reading
+the clock; sbplab's driver waits for the run's results, which the workers send after the last kernel.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import sbplab as sl
 from sbplab.models import MLP, MLPConfig
 
 BATCH, MICRO, LR, IN_DIM, CLASSES = 128, 4, 0.05, 256, 16
+DEVICE = "cpu"  # --device: "cuda" runs both sides on NCCL, one GPU per rank
 
 
 def make_model(width: int, blocks: int = 1) -> tuple[MLP, torch.Tensor, torch.Tensor]:
@@ -59,7 +64,17 @@ def make_model(width: int, blocks: int = 1) -> tuple[MLP, torch.Tensor, torch.Te
 def _init(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _sync() -> None:
+    """The peer's clock reads after the device is done (a CUDA step returns before its kernels end)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _ddp(model, x, y, rank, world):
@@ -82,7 +97,7 @@ def _fsdp2(model, x, y, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     for mod in model.modules():
         if isinstance(mod, nn.Linear):
             fully_shard(mod, mesh=mesh)
@@ -103,7 +118,7 @@ def _dtensor_tp(model, x, y, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     parallelize_module(model, mesh, {"blocks.0.fc1": ColwiseParallel(), "blocks.0.fc2": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=LR)
 
@@ -123,7 +138,8 @@ def _pipelining(schedule_name):
         layers = [model.proj_in, *model.blocks, model.head]
         cuts = [round(i * len(layers) / world) for i in range(world + 1)]
         mod = nn.Sequential(*layers[cuts[rank]:cuts[rank + 1]])
-        stage = pipelining.PipelineStage(mod, rank, world, torch.device("cpu"))
+        stage = pipelining.PipelineStage(mod, rank, world, torch.device("cuda", rank) if DEVICE == "cuda"
+                                         else torch.device("cpu"))
         sched = getattr(pipelining, schedule_name)(stage, MICRO, loss_fn=F.cross_entropy)
         opt = torch.optim.SGD(mod.parameters(), lr=LR)
 
@@ -147,13 +163,17 @@ PEERS = {"ddp": _ddp, "fsdp2": _fsdp2, "dtensor": _dtensor_tp,
          "gpipe": _pipelining("ScheduleGPipe"), "1f1b": _pipelining("Schedule1F1B")}
 
 
-def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn):
+def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn, device="cpu"):
     """Builds the peer once, then per round: time W steps, then W + N steps, and report.
 
     Each step returns this rank's share of the loss: summed over ranks, the global batch's loss.
     """
+    global DEVICE
+    DEVICE = device  # a spawned process starts from the module's default
     _init(rank, world, port)
     model, x, y = make_model(width, blocks)
+    if DEVICE == "cuda":
+        model, x, y = model.cuda(), x.cuda(), y.cuda()
     step = PEERS[peer](copy.deepcopy(model), x, y, rank, world)
     first = step()  # the first training step, also the first loss
     total = first.clone()
@@ -166,9 +186,11 @@ def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn):
             if rank == 0:
                 conn.recv()  # the driver says go: rounds interleave with sbplab's
             dist.barrier()
+            _sync()
             t0 = time.perf_counter()
             for _ in range(k):
                 step()
+            _sync()
             dist.barrier()
             got.append(time.perf_counter() - t0)
         if rank == 0:
@@ -203,7 +225,8 @@ def bench_pair(cluster, world: int, width: int, kind: str, peer: str, warm: int,
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     port = _free_port()
-    procs = [ctx.Process(target=_peer_worker, args=(r, world, port, peer, width, blocks, warm, n, rounds, child))
+    procs = [ctx.Process(target=_peer_worker,
+                         args=(r, world, port, peer, width, blocks, warm, n, rounds, child, DEVICE))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -251,15 +274,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="N at width 2048; a narrower width runs more (see below)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None, help="sbplab strategies to run: dp zero3 tp pipe")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, one GPU per rank")
     a = ap.parse_args()
+    global DEVICE
+    DEVICE = a.device
     if a.quick:
         a.widths, a.ranks, a.steps, a.rounds = [256], [2], 6, 2
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}; W={a.warm}, N={a.steps} x 2048 / width, {a.rounds} interleaved rounds")
+    gpu = f", {torch.cuda.get_device_name()} x {torch.cuda.device_count()}" if DEVICE == "cuda" else ""
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores{gpu}, torch "
+          f"{torch.__version__}, {DEVICE}; W={a.warm}, N={a.steps} x 2048 / width, {a.rounds} interleaved rounds")
     print(f"{'ranks':>5} {'width':>5}  {'sbplab':<18} {'peer':<27} {'sbplab ms [min-max]':<26} "
           f"{'peer ms [min-max]':<26} {'ratio':>5}  first loss (sbplab / peer)")
     for world in a.ranks:
-        with sl.LocalCluster(world, threads=1) as cluster:
+        with sl.LocalCluster(world, DEVICE, threads=1) as cluster:
             for width in a.widths:
                 for label, kind, peer, peer_label in PAIRS:
                     if a.only and kind not in a.only:
