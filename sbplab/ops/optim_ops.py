@@ -70,6 +70,7 @@ SGD_MOMENTUM = define(OpDef(
 
 def _adam(xs: Sequence[torch.Tensor], a: dict) -> tuple[torch.Tensor, ...]:
     p, g, m, v, t = xs
+    g = g.to(p.dtype)  # a gradient kept in lower precision (sl.Precision(grad="bf16")) updates in p's
     lr, b1, b2, wd = a["lr"], a["beta1"], a["beta2"], a.get("weight_decay", 0.0)
     if wd and a.get("decoupled"):
         p = p * (1 - lr * wd)

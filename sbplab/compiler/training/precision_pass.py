@@ -9,7 +9,8 @@ autograd sends their gradients back through the cast, in the master dtype. Then:
 
 - ``grad``: each micro-batch's gradient is cast to the grad dtype before it is accumulated and
   reduced (a cast passes a partial sum, so the reduction itself runs in that dtype, as Megatron's
-  ``grad_reduce_in_bf16``), and cast back to the master dtype for the update;
+  ``grad_reduce_in_bf16``); the update reads it as it is and computes in the master dtype (no cast
+  back in the graph: a cast would pass the partial sum on and the reduction would move after it);
 - ``optim_state``: the optimizer's state (momentum, Adam's moments) is stored in that dtype; the
   update computes in the master dtype and stores the new state cast back.
 
@@ -75,15 +76,6 @@ def cast_gradients(g: Graph, grads: dict[str, str], precision: Precision) -> dic
             gr = _cast(g, gr, dtype, "backward", g.tensors[p].module, f"{p}.grad_cast")
         out[p] = gr
     return out
-
-
-def grads_to_master(g: Graph) -> None:
-    """Gradients kept in another dtype than their parameter are cast back for the update: the
-    optimizer reads ``graph.grads``, which stays the reduced (role ``grad``) tensor."""
-    for p, gr in list(g.grads.items()):
-        want = g.tensors[p].meta.dtype
-        if g.tensors[gr].meta.dtype != want:
-            g.grads[p] = _cast(g, gr, want, "update", g.tensors[p].module, f"{p}.grad_master")
 
 
 def cast_optimizer_states(g: Graph, precision: Precision, before: set[str]) -> None:

@@ -23,7 +23,6 @@ from .precision_pass import (
     cast_gradients,
     cast_optimizer_states,
     check_precision,
-    grads_to_master,
     master_module,
 )
 
@@ -143,7 +142,6 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
     attach_gradients(g, cast_gradients(g, grads, precision), micro_batches)
     if micro_batches > 1:
         _buffer_updates_per_step(g, micro_batches)
-    grads_to_master(g)
     before = set(g.tensors)
     as_optimizer(optimizer).build(g)
     cast_optimizer_states(g, precision, before)

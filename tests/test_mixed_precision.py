@@ -1,0 +1,116 @@
+"""Mixed precision executed: ``Strategy(precision=sl.Precision.mixed("bf16"))`` trains on real workers
+like single-device torch under ``torch.autocast(bfloat16)`` with fp32 master weights, under data and
+tensor parallel; the graph computes matmuls in bf16 from fp32 masters; gradients and optimizer states
+kept in bf16 when asked; fp16 refused (no loss scaling).
+
+Tolerance: bf16 has an 8-bit mantissa (relative rounding 2**-8 = 3.9e-3). On one rank the compiled
+step is torch's autocast op for op and agrees to fp32 rounding; across ranks a weight gradient is the sum
+of per-rank bf16 matmuls instead of one, so losses may differ by a few bf16 roundings of the
+gradient step: we allow 2e-3 on the loss (about 4.3 here) and 2e-3 on each parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import sbplab as sl
+from sbplab.compiler.reference import torch_steps
+
+LOSS_TOL = 2e-3
+PARAM_TOL = 2e-3
+STEPS = 3
+BF16 = sl.Precision.mixed("bf16")
+
+
+def _gpt():
+    torch.manual_seed(0)
+    model = sl.models.GPT(sl.models.GPTConfig(n_layer=2))
+    (idx,), targets = model.example_batch(8)
+    return model, idx, targets
+
+
+def _compile(model, idx, targets, strategy, precision, optimizer=None, capture="auto"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sl.ReplicatedOpWarning)  # the causal mask's triu: whole on every rank
+        return sl.compile(model, (idx,), loss_fn=model.loss_fn, target=targets,
+                          optimizer=optimizer or sl.SGD(lr=0.1),
+                          strategy=dataclasses.replace(strategy, precision=precision), capture=capture)
+
+
+def _check(result, want, want_params) -> None:
+    assert result.losses == pytest.approx(want, abs=LOSS_TOL)
+    for name, p in want_params.items():
+        got = result.params[name].full()
+        assert got.dtype == torch.float32, name  # master weights stay fp32
+        assert torch.allclose(got, p, atol=PARAM_TOL, rtol=0), (name, (got - p).abs().max().item())
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with sl.LocalCluster(2) as c:
+        yield c
+
+
+def test_graph_computes_in_bf16_from_fp32_masters():
+    model, idx, targets = _gpt()
+    step = _compile(model, idx, targets, sl.presets.data_parallel(2), BF16)
+    g = step.graph
+    mms = [op for op in g.ops_in("forward") if op.type in ("aten.addmm.default", "aten.bmm.default", "aten.mm.default")]
+    assert mms and all(g.tensors[i].meta.dtype == torch.bfloat16 for op in mms for i in op.inputs)
+    assert all(g.tensors[p].meta.dtype == torch.float32 for p in g.params)
+    assert all(g.tensors[gr].meta.dtype == torch.float32 for gr in g.grads.values())
+    assert g.tensors[g.loss].meta.dtype == torch.float32  # the loss (log-softmax) stays fp32, as autocast keeps it
+    # one device: the compiled step is torch's autocast, op for op
+    ex = _compile(model, idx, targets, sl.Strategy(sl.Placement("cpu", [0])), BF16).executor()
+    feeds = {"idx": idx, "target": targets}
+    losses = [ex.step(feeds) for _ in range(STEPS)]
+    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS, precision=BF16)
+    plain, _ = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS)
+    # torch's autocast op for op (to fp32 rounding of the loss's mean), and not fp32 in disguise
+    assert losses == pytest.approx(want, rel=1e-6) and losses != pytest.approx(plain, rel=1e-6)
+    for name, p in want_params.items():
+        assert torch.allclose(ex.value(name), p, atol=1e-6, rtol=0), name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("preset", ["dp", "tp"])
+def test_bf16_on_workers_equals_torch_autocast(cluster, preset):
+    model, idx, targets = _gpt()
+    strategy = sl.presets.data_parallel(2) if preset == "dp" else sl.presets.tensor_parallel(2)
+    step = _compile(model, idx, targets, strategy, BF16)
+    result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
+    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS, precision=BF16)
+    _check(result, want, want_params)
+
+
+@pytest.mark.multiprocess
+def test_bf16_gradients_and_optimizer_states_on_workers(cluster):
+    """grad='bf16': gradients cast before the all-reduce (it moves half the bytes); optim_state='bf16':
+    momentum stored in bf16. torch: each gradient and buffer rounded to bf16 after the step."""
+    model, idx, targets = _gpt()
+    opt = sl.SGD(lr=0.1, momentum=0.9)
+    fp32_grads = _compile(model, idx, targets, sl.presets.data_parallel(2), BF16, opt)
+    prec = sl.Precision(compute="bf16", grad="bf16", optim_state="bf16")
+    step = _compile(model, idx, targets, sl.presets.data_parallel(2), prec, opt)
+    g = step.graph
+    assert all(g.tensors[gr].meta.dtype == torch.bfloat16 for gr in g.grads.values() if gr.endswith(".grad"))
+    states = [s for s in g.state_updates if s.endswith("momentum_buffer")]
+    assert states and all(g.tensors[s].meta.dtype == torch.bfloat16 for s in states)
+    assert step.deduction.total_bytes() < fp32_grads.deduction.total_bytes()
+    result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
+    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=prec)
+    _check(result, want, want_params)
+    plain, _ = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=BF16)
+    assert want != plain  # the rounding of gradients and states is really there
+
+
+def test_fp16_and_fx_capture_are_refused():
+    model, idx, targets = _gpt()
+    with pytest.raises(sl.InputError, match="loss scaling"):
+        _compile(model, idx, targets, sl.presets.data_parallel(2), sl.Precision.mixed("fp16"))
+    with pytest.raises(sl.GraphError, match="autocast"):
+        _compile(model, idx, targets, sl.presets.data_parallel(2), BF16, capture="fx")
