@@ -14,8 +14,7 @@ from sbplab.compiler import compile, presets  # noqa: E402
 from sbplab.compiler.reference import torch_steps  # noqa: E402
 from sbplab.hardware import Hardware  # noqa: E402
 from sbplab.sim import simulate  # noqa: E402
-from sbplab.viz import timeline_bars  # noqa: E402
-from sbplab.viz.colors import axis_color, shade  # noqa: E402
+from sbplab.viz import timeline, timeline_bars  # noqa: E402
 from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
 from sbplab.widgets.run_check import NumericCheck, check_against_torch  # noqa: E402
@@ -61,7 +60,7 @@ def test_in_process_run_shows_losses_side_by_side(editor):
     assert p.loss_diff == max(abs(a - b) for a, b in zip(run_losses, ref_losses)) <= p.tol
     assert p.passed and p.param_diff <= p.tol and p.worst_param in dict(m.module.named_parameters())
     assert set(p.stage_ms) == {"lowering", "running", "checking against torch"}
-    assert "keeps no trace" in p.note and p.timeline_svg == "" and p.result is None
+    assert "keeps no trace" in p.note and p.timeline_ref == "" and p.result is None
     with pytest.raises(ValueError, match="run on workers first"):
         p.timeline_figure()
 
@@ -208,21 +207,29 @@ def test_workers_run_then_timeline_and_check(editor):
 
         assert firings(p.prediction.trace) == firings(p.result.trace)
         bars = timeline_bars(p.result.trace)
-        assert p.firings == len(bars) > 0 and p.timeline_svg.count('class="firing"') == len(bars)
         assert {b.rank for b in bars} == {0, 1} and "starting workers" in p.stage_ms
-        for b in bars:  # colours as in the plotly timeline: a collective's is its mesh axis's
-            if b.kind == "collective":
-                assert f'fill="{shade(axis_color(b.mesh_axis), b.micro_batch or 0)}"' in p.timeline_svg
+        # the page draws sl.timeline's own figure of the run (one renderer), every firing in it
+        fw = p.timeline_widget
+        assert p.timeline_ref == f"anywidget:{fw.model_id}"
+        firings = [tr for tr in fw.data if tr.meta == "firings"]
+        assert p.firings == len(bars) == sum(len(tr.x) for tr in firings) > 0
+        want = timeline(p.result, compiled=editor.compiled)
+        assert [(tr.name, tr.meta, len(tr.x or ())) for tr in fw.data] == \
+            [(tr.name, tr.meta, len(tr.x or ())) for tr in want.data]
+        assert any(a.text == "step 1" for a in fw.layout.annotations)  # step markers: every step run
+        coll = [h for tr in firings if tr.name.startswith("collectives") for h in tr.hovertext]
+        assert coll and all(" of " in h.split("<br>")[0] and "(before -> after)" in h for h in coll)
         pids = p.cluster.pids
         editor.preset = "tp"  # another strategy on the same two workers
         assert p.stale
         p.run()
         assert p.passed and not p.stale and p.cluster.pids == pids and "starting workers" not in p.stage_ms
         assert p.measured["predicted_ms"] == pytest.approx(editor.predicted["step_ms"])  # tp's, not dp's
-        assert p.timeline_figure().data  # the plotly timeline of the same trace
+        assert p.timeline_figure().data and p.timeline_widget is not fw  # tp's run, a figure of its own
+        assert fw.comm is None  # the older figure is closed, not left in the kernel
     finally:
         p.close()
-    assert p.cluster is None
+    assert p.cluster is None and p.timeline_widget is None
 
 
 def test_a_step_too_big_for_the_editor_is_predicted_when_it_runs(editor):

@@ -5,7 +5,7 @@
 const DERIVED = [
   "steps", "backend", "backends", "strategy_name", "ranks", "stale", "status", "progress", "steps_done",
   "run_losses", "stage_ms", "loss_rows",
-  "loss_diff", "param_diff", "worst_param", "passed", "timeline_svg", "makespan_us", "firings", "wall_s", "note",
+  "loss_diff", "param_diff", "worst_param", "passed", "timeline_ref", "makespan_us", "firings", "wall_s", "note",
   "error", "tol", "hardware_name", "predicted", "predict_error", "measured", "compare_text", "ran_for",
 ];
 
@@ -30,7 +30,7 @@ const fmtMs = (ms) => (Math.abs(ms) < 5e-7 ? "0 ms"  // a sum's rounding (1.7e-1
   : ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toPrecision(3)} ms`);
 const pct = (e) => `${e >= 0 ? "+" : ""}${(e * 100).toFixed(0)}%`;
 
-function render({ model, el }) {
+function render({ model, el, host }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
   el.classList.add("sbplab-widget", "sbplab-rp");
 
@@ -134,7 +134,7 @@ function render({ model, el }) {
           h("td", { text: r.run.toFixed(6) }), h("td", { text: r.torch.toFixed(6) }), h("td", { text: sci(r.diff) })));
       }
     }
-    timeline.innerHTML = model.get("timeline_svg");  // SVG built in Python, text escaped there
+    if (model.get("timeline_ref") !== shownRef) showTimeline(model.get("timeline_ref"));
     const stale = model.get("stale") && !!model.get("ran_for");
     results.classList.toggle("stale", stale);
     staleNote.hidden = !stale;
@@ -143,7 +143,32 @@ function render({ model, el }) {
     drawPrediction();
   }
 
-  return redrawOn(model, DERIVED, draw);
+  // the run's timeline: the plotly figure sl.timeline gives a notebook, drawn here through anywidget's host
+  let shownRef = "";
+  let child = null;
+  async function showTimeline(ref) {
+    shownRef = ref;
+    child?.abort();
+    child = new AbortController();
+    timeline.replaceChildren();
+    if (!ref) return;
+    if (!host?.getWidget) {
+      timeline.append(h("div", { class: "sbplab-note", text: "this anywidget cannot draw one widget inside another: "
+        + "display(panel.timeline_widget) in a cell to see the timeline" }));
+      return;
+    }
+    const slot = h("div", { class: "rp-figure" });
+    timeline.append(slot);
+    try {
+      const widget = await host.getWidget(ref);
+      await widget.render({ el: slot, signal: child.signal });
+    } catch (e) {
+      timeline.replaceChildren(h("div", { class: "sbplab-error", text: `the timeline could not be shown: ${e}` }));
+    }
+  }
+
+  const stop = redrawOn(model, DERIVED, draw);
+  return () => { stop(); child?.abort(); };
 }
 
 export default { initialize, render };

@@ -19,6 +19,7 @@ from .physical_dot import module_of
 
 _NODE = re.compile(r"^n(\d+)(?:\.|$)")
 _COLL = re.compile(r"^c(\d+)$")
+_BUCKET = re.compile(r"^b(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,18 @@ class ActorLookup:
             raise InputTypeError(f"compiled= takes a compiled step (sl.compile(...)), got {type(compiled).__name__}")
         self.phys, self.graph = compiled.physical, compiled.graph
         self._cache: dict[tuple[Any, str], ActorInfo] = {}
+        strategy = getattr(compiled, "strategy", None)
+        self._bucket_mb = getattr(strategy, "bucket_mb", 0.0) or 0.0
+        self._buckets: list | None = None
+
+    def bucket_members(self, index: int) -> list[int]:
+        """The collectives (indices into ``phys.collectives``) bucket ``b<index>`` runs as one, as
+        lowering groups them (``plan_buckets`` with the strategy's ``bucket_mb``)."""
+        if self._buckets is None:
+            from ..compiler.lowering.buckets import plan_buckets
+
+            self._buckets = plan_buckets(self.phys, self.graph, self._bucket_mb * 2**20)
+        return list(self._buckets[index].collectives) if index < len(self._buckets) else []
 
     def node_of(self, rank: Any, actor: str) -> Any:
         """The PhysNode an actor runs, or None (sinks, hand-made names)."""
@@ -61,6 +74,9 @@ class ActorLookup:
         return self._cache[key]
 
     def _info(self, rank: Any, actor: str) -> ActorInfo:
+        m = _BUCKET.match(actor)
+        if m:
+            return self._bucket_info(rank, int(m.group(1)))
         n = self.node_of(rank, actor)
         if n is None:
             return ActorInfo()
@@ -74,6 +90,24 @@ class ActorLookup:
         outs = ", ".join(fmt_sbp(s) for s in n.out_sbps)
         sbp = f"{', '.join(fmt_sbp(s) for s in ins)} -> {outs}" if ins else outs
         return ActorInfo(module, sbp, n.logical if n.kind == "source" else "")
+
+    def _bucket_info(self, rank: Any, index: int) -> ActorInfo:
+        """A gradient bucket: the tensors it reduces in one collective, their SBP before and after."""
+        steps, tensors, modules = [], [], []
+        for ci in self.bucket_members(index):
+            for i in self.phys.collectives[ci].nodes:
+                n = self.phys.nodes[i]
+                if n.rank == rank:
+                    tensors.append(n.logical)
+                    modules.append(module_of(self.graph, n.logical))
+                    steps.append(n.attrs.get("plan_step"))
+        if not tensors or steps[0] is None:
+            return ActorInfo()
+        s = steps[0]
+        axis = "" if s.mesh_axis is None else s.placement.axis_label(s.mesh_axis)
+        shown = ", ".join(tensors[:3]) + (f" and {len(tensors) - 3} more" if len(tensors) > 3 else "")
+        return ActorInfo(", ".join(dict.fromkeys(m for m in modules if m)), f"{fmt_sbp(s.src_sbp)} -> "
+                         f"{fmt_sbp(s.dst_sbp)}", f"a bucket of {len(tensors)} gradients ({shown})", axis)
 
     def axis_names(self) -> dict[int, str]:
         """Mesh axis index -> name, from the placements the step's collectives run on."""

@@ -30,7 +30,6 @@ from .messages import error_text
 from .prediction_view import check_hardware, measured_state, predict, prediction_state
 from .run_check import NumericCheck, check_against_torch
 from .strategy_editor import StrategyEditor
-from .svg_charts import timeline_svg
 from .widget_base import SbplabWidget
 from .zoo import BuiltModel
 
@@ -69,7 +68,7 @@ class RunPanel(SbplabWidget):
     param_diff = t.Float(0.0).tag(sync=True)
     worst_param = t.Unicode("").tag(sync=True)
     passed = t.Bool(False).tag(sync=True)
-    timeline_svg = t.Unicode("").tag(sync=True)
+    timeline_ref = t.Unicode("").tag(sync=True)  # "anywidget:<model id>" of the timeline figure the page draws
     makespan_us = t.Float(0.0).tag(sync=True)
     firings = t.Int(0).tag(sync=True)
     wall_s = t.Float(0.0).tag(sync=True)
@@ -96,6 +95,8 @@ class RunPanel(SbplabWidget):
         self.cluster = cluster  # a LocalCluster of at least the plan's ranks, or None: made on the first run
         self._own_cluster = cluster is None
         self.result: Any = None  # RunResult (workers) or None
+        self.timeline_widget: Any = None  # the plotly FigureWidget of the last workers run's timeline
+        self._ran_compiled: Compiled | None = None
         self.check: NumericCheck | None = None
         self._ran_version = -1
         self._hardware = None if hardware is None else check_hardware(hardware)  # None: the editor's, or cpu_box
@@ -209,7 +210,7 @@ class RunPanel(SbplabWidget):
         times: dict[str, float] = {}
         started: list[float] = []
         self.error = ""
-        self.loss_rows, self.timeline_svg, self.firings, self.makespan_us = [], "", 0, 0.0
+        self.loss_rows, self.timeline_ref, self.firings, self.makespan_us = [], "", 0, 0.0
         self.steps_done, self.run_losses = 0, []
         self.loss_diff = self.param_diff = self.wall_s = 0.0
         self.passed, self.worst_param, self.stage_ms, self.result, self.check = False, "", {}, None, None
@@ -258,7 +259,8 @@ class RunPanel(SbplabWidget):
         if self.result is not None:
             bars = timeline_bars(self.result.trace)
             self.firings, self.makespan_us = len(bars), makespan_us(self.result.trace)
-            self.timeline_svg = timeline_svg(bars, title=f"{c.strategy.name}, {self.steps} step(s)")
+            self._ran_compiled = c  # the step the trace is of, whatever the editor shows next
+            self._show_timeline(c)
             self.note = ""
             if self.prediction is not None:
                 self.measured, self.compare_text = measured_state(self.prediction, self.result)
@@ -280,15 +282,33 @@ class RunPanel(SbplabWidget):
         self.cluster = LocalCluster(n)
         return self.cluster
 
+    def _show_timeline(self, c: Compiled) -> None:
+        """The run's timeline, drawn in the page as the very figure ``sl.timeline`` gives a notebook (a
+        plotly FigureWidget shown inside the panel): one renderer, with its legend, zoom, hover, links,
+        step markers and memory track."""
+        import plotly.graph_objects as go
+
+        fig = self.timeline_figure(c)
+        old, self.timeline_widget = self.timeline_widget, go.FigureWidget(fig)
+        self.timeline_ref = f"anywidget:{self.timeline_widget.model_id}"
+        if old is not None:
+            old.close()
+
     # --- for notebooks ----------------------------------------------------------------------------------
-    def timeline_figure(self):
-        """The plotly timeline of the last workers run (hover shows op, SBP, bytes, duration)."""
+    def timeline_figure(self, compiled: Compiled | None = None):
+        """The plotly timeline of the last workers run, every step with its marker (hover names the tensor
+        a collective moves, SBPs before and after, bytes, duration): what the panel draws."""
         if self.result is None:
             raise ValueError("no trace yet: run on workers first")
-        return timeline(self.result.trace, title=self.strategy_name)
+        c = compiled if compiled is not None else self._ran_compiled
+        name = c.strategy.name if c is not None else self.strategy_name
+        return timeline(self.result, title=f"{name}, {self.result.steps} step(s)", compiled=c)
 
     def close(self) -> None:
         """Stop the worker processes this panel started, stop following the editor, and close the widget."""
+        if self.timeline_widget is not None:
+            self.timeline_widget.close()
+            self.timeline_widget = None
         if self.cluster is not None and self._own_cluster:
             self.cluster.close()
             self.cluster = None
