@@ -298,7 +298,7 @@ class LocalCluster:
         else:
             result = self._run_chunks(step, plan, batches, opts, every, folder)
         if folder is not None and every is None:
-            self.save(step, folder / f"step-{self._state.steps(step):08d}")
+            self._save(step, folder / f"step-{self._state.steps(step):08d}")
         return result
 
     def _run_chunks(self, step: Runnable, plan: ActorPlan, batches: Any, opts: RunOptions, every: int,
@@ -323,7 +323,7 @@ class LocalCluster:
                 chunk = dataclasses.replace(opts, steps=n, progress=False, on_step=report)
                 parts.append(self._run_kept(step, plan, chunk_batches(batches, start, n), chunk, folder))
                 if folder is not None:
-                    self.save(step, folder / f"step-{self._state.steps(step):08d}")
+                    self._save(step, folder / f"step-{self._state.steps(step):08d}")
         finally:
             bar.close()
         return merge_results(parts, plan.micro_batches)
@@ -370,6 +370,7 @@ class LocalCluster:
         return result
 
     # --- checkpoints -------------------------------------------------------------------------------
+    @_one_run_at_a_time
     def save(self, step: Runnable, path: str | os.PathLike, *, timeout: float = 600.0) -> Path:
         """Write ``step``'s training state here (parameters and optimizer state, as its next run would
         start from them: after its last finished run, else its compiled weights) to the folder ``path``
@@ -381,6 +382,9 @@ class LocalCluster:
         a plain torch module reads it without any process group (``sbplab.runtime.checkpoint
         .load_checkpoint(module, path)``, or DCP itself). A folder holding a checkpoint is overwritten.
         """
+        return self._save(step, path, timeout)
+
+    def _save(self, step: Runnable, path: str | os.PathLike, timeout: float = 600.0) -> Path:
         plan, where = self._checkpoint_plan(step, "save"), checkpoint_path(path, "save")
         where.mkdir(parents=True, exist_ok=True)
         blocks, done = blocks_of(plan), self._state.steps(step)
@@ -392,6 +396,7 @@ class LocalCluster:
         self._checkpoint_exchange(reqs, timeout, f"saving {plan.name!r} to {str(where)!r}")
         return where
 
+    @_one_run_at_a_time
     def load(self, step: Runnable, path: str | os.PathLike, *, timeout: float = 600.0) -> int:
         """Make ``step``'s next run start from the checkpoint in the folder ``path`` (written by ``save``
         or ``run(..., checkpoint_dir=...)``, under any strategy): each worker reads the blocks its ranks

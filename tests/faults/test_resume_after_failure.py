@@ -1,0 +1,65 @@
+"""A failure loses nothing already kept: a worker SIGKILLed (or stopped, so the run hangs) in step 15 of
+a 30-step run with ``checkpoint_every=5`` leaves the state after step 10 on the driver; the RunError
+says so, and the next run, on fresh workers, trains on exactly like the run that never failed (the
+same holds at any length: 200 steps, killed at step 54 with checkpoint_every=10, keep step 50)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+import sbplab as sl
+
+pytestmark = [pytest.mark.faults, pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    model = sl.models.MLP(sl.models.MLPConfig(in_dim=8, width=8, hidden=16, n_blocks=1, n_classes=4))
+    (x,), y = model.example_batch(8)
+    step = sl.compile(model, (x,), loss_fn=model.loss_fn, target=y, optimizer=sl.Adam(lr=0.01),
+                      strategy=sl.presets.data_parallel(2))
+    with sl.LocalCluster(2) as cluster:
+        whole = cluster.run(step, (x, y), steps=30, progress=False)  # the run that never fails
+        yield cluster, step, (x, y), whole
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "hang"])
+def test_a_failure_in_step_15_keeps_step_10_and_the_next_run_continues_from_it(setup, how):
+    cluster, step, batch, whole = setup
+    seen = []
+
+    def strike(s, steps, loss):
+        seen.append(s)
+        if s == 13:  # 14 steps done on every rank: rank 1 dies (or stops) in step 15 or 16
+            os.kill(cluster.pids[1], how)
+
+    with pytest.raises(sl.RunError) as err:
+        cluster.run(step, batch, steps=30, progress=False, restart=True, checkpoint_every=5, on_step=strike,
+                    timeout=1.0)
+    e = err.value
+    assert e.kind == ("died" if how == signal.SIGKILL else "hang")
+    assert e.kept_step == 10 and "The state after step 10 is kept (on the driver)" in str(e)
+    assert seen == list(range(14))  # on_step counts over the whole run; step 15 never finished
+    rest = cluster.run(step, batch, steps=20, progress=False)  # fresh workers, from the driver's copy
+    assert rest.losses == whole.losses[10:]
+    for name, v in whole.params.items():  # parameters and Adam's moments, to the bit
+        assert torch.equal(rest.params[name].full(), v.full()), name
+
+
+def test_without_checkpoint_every_the_last_finished_run_is_what_is_kept(setup):
+    cluster, step, batch, whole = setup
+    cluster.run(step, batch, steps=3, progress=False, restart=True)
+
+    def kill(s, steps, loss):
+        if s == 1:
+            os.kill(cluster.pids[0], signal.SIGKILL)
+
+    with pytest.raises(sl.RunError, match="The state after step 3 is kept") as err:
+        cluster.run(step, batch, steps=10, progress=False, on_step=kill)
+    assert err.value.kept_step == 3
+    assert cluster.run(step, batch, steps=2, progress=False).losses == whole.losses[3:5]
