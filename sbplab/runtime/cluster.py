@@ -4,6 +4,7 @@
         result = cluster.run(step, (x, y), steps=3)  # a compiled step, or an ActorPlan and its batches
         more = cluster.run(step, (x, y), steps=3)    # steps 4..6: a compiled step's state stays here
         result.load_into(model)                      # the trained weights back into the torch module
+        cluster.save(step, "ckpt")                   # a DCP checkpoint; cluster.load(step2, "ckpt") resumes
 
 Trust: driver and workers exchange pickles, so whoever can talk to the driver with the token can run
 code in the driver and in every worker. So every cluster has a random token (32 bytes from ``secrets``,
@@ -386,6 +387,7 @@ class LocalCluster:
 
     def _save(self, step: Runnable, path: str | os.PathLike, timeout: float = 600.0) -> Path:
         plan, where = self._checkpoint_plan(step, "save"), checkpoint_path(path, "save")
+        self._ensure_workers()  # first: fresh workers keep nothing, so the driver's copy goes to them
         where.mkdir(parents=True, exist_ok=True)
         blocks, done = blocks_of(plan), self._state.steps(step)
         kept, tag = self._state.get(step), self._state.tag(step)
