@@ -17,6 +17,7 @@ from typing import Any
 import traitlets as t
 
 from ..viz.graph_dot import logical_dot
+from . import static_view as static
 from ._assets import widget_module, widget_style
 from .messages import error_text, graph_view
 from .widget_base import SbplabWidget
@@ -159,6 +160,11 @@ class ModelBuilder(SbplabWidget):
         self.graph_text = g.dump()
         self.stale = False
         self.version += 1
+
+    def static_html(self) -> str:
+        """The model's summary (its graph is drawn live)."""
+        return static.card(f"ModelBuilder: {self.zoo_model if self.mode == 'zoo' else 'layers'}",
+                           [static.line(self.error), static.pre(self.summary)])
 
     # --- for other widgets and for plain PyTorch ------------------------------------------------------
     @property

@@ -19,6 +19,7 @@ from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import Split, fmt_sbp, parse_sbp
 from ..viz.layout_picture import LayoutPicture
+from . import static_view as static
 from ._assets import widget_module, widget_style
 from .parse import parse_dims
 from .widget_base import SbplabWidget
@@ -121,6 +122,14 @@ class SbpPlayground(SbplabWidget):
     def _on_input(self, change: dict) -> None:
         if not self._busy:
             self._recompute()
+
+    def static_html(self) -> str:
+        """Both layouts, their types, and the boxing steps between them."""
+        steps = [(s.get("kind", ""), s.get("axis", ""), s.get("from", ""), s.get("to", ""), s.get("bytes", ""))
+                 for s in self.steps]
+        return static.card("SbpPlayground", [
+            static.line(self.error), static.line(self.src_type), static.svg(self.src_svg), static.line(self.dst_type),
+            static.svg(self.dst_svg), static.table(("boxing step", "mesh axis", "from", "to", "bytes"), steps)])
 
     # --- the one place derived state is computed ---------------------------------------------
     def _recompute(self) -> None:

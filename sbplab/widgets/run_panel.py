@@ -25,6 +25,7 @@ from ..compiler.api import Compiled
 from ..hardware import Hardware
 from ..sim import Prediction
 from ..viz.timeline import makespan_us, timeline, timeline_bars
+from . import static_view as static
 from ._assets import widget_module, widget_style
 from .messages import error_text
 from .prediction_view import check_hardware, measured_state, predict, prediction_state
@@ -293,6 +294,17 @@ class RunPanel(SbplabWidget):
         self.timeline_ref = f"anywidget:{self.timeline_widget.model_id}"
         if old is not None:
             old.close()
+
+    def static_html(self) -> str:
+        """The strategy and its prediction, then what the last run measured and how it compared to torch."""
+        p = self.predicted
+        pred = f"predicted on {p['hardware']}: {p['step_ms']:.4g} ms per step" if p.get("step_ms") is not None else ""
+        check = (f"{'matches' if self.passed else 'differs from'} single-device PyTorch: max |loss diff| "
+                 f"{self.loss_diff:.2e}") if self.loss_rows else ""
+        rows = [(r["step"], f"{r['run']:.6f}", f"{r['torch']:.6f}", f"{r['diff']:.2e}") for r in self.loss_rows]
+        return static.card(f"RunPanel: {self.strategy_name} on {self.ranks} rank(s)" if self.strategy_name
+                           else "RunPanel", [static.line(pred), static.line(self.error), static.line(check, bold=True),
+                                             static.table(("step", "parallel run", "PyTorch", "|diff|"), rows)])
 
     # --- for notebooks ----------------------------------------------------------------------------------
     def timeline_figure(self, compiled: Compiled | None = None):

@@ -26,6 +26,7 @@ import traitlets as t
 from ..fmt import fmt_bytes
 from ..search import SearchProgress, SearchResult, search
 from . import search_form as form
+from . import static_view as static
 from . import strategy_form
 from ._assets import widget_module, widget_style
 from .messages import error_text
@@ -214,6 +215,14 @@ class SearchPanel(SbplabWidget):
             # an editor opened on an older search's result would sit under these rows as if it were theirs
             self.editor_ref, self.editor_note = "", ""
             self.version += 1
+
+    def static_html(self) -> str:
+        """The last search's winner and its table, or the settings it would search with."""
+        rows = [(r["strategy"], f"{r['analytic_ms']:.4g}", fmt_bytes(r["memory"]), f"{r['simulated_ms']:.4g}",
+                 "-" if r["ratio"] is None else f"{r['ratio']:.2f}x") for r in self.rows]
+        return static.card(f"SearchPanel: {self.summary or 'not searched yet'}", [
+            static.line(f"for {self.result_for}" if self.result_for else ""), static.line(self.error),
+            static.table(("strategy", "analytic ms", "memory", "simulated ms", "vs best"), rows)])
 
     # --- the result in the StrategyEditor ----------------------------------------------------------------------
     @t.observe("open_requests")

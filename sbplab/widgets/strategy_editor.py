@@ -32,6 +32,7 @@ from ..compiler.physical.expand import lower
 from ..compiler.physical.memory import memory_report
 from ..hardware import Hardware
 from ..viz.charts import comm_rows, comm_table
+from . import static_view as static
 from . import strategy_form as form
 from ._assets import widget_module, widget_style
 from .editor_prediction import EditorPrediction
@@ -308,6 +309,11 @@ class StrategyEditor(EditorPrediction):
             raise ValueError(f"a stage is given for {', '.join(map(repr, unknown))}, which the model does not have; "
                              f"its modules: {', '.join(form.module_units(self._train[key]))}")
         return st, self._train[key]
+
+    def static_html(self) -> str:
+        """The strategy, its error if any, memory and communication per rank, the summary."""
+        return static.card(f"StrategyEditor: {self.strategy_name or 'no strategy'}", [
+            static.line(self.error), static.svg(self.memory_svg), static.svg(self.comm_svg), static.pre(self.summary)])
 
     # --- views of the compiled step --------------------------------------------------------------------------
     def _tables(self) -> None:

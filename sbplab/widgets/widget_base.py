@@ -52,6 +52,24 @@ class SbplabWidget(anywidget.AnyWidget):
         self._dom_js, self._base_css = str(_DOM_JS), str(_BASE_CSS)  # the latest, after a live edit
         _LIVE.add(self)
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widget view, and beside it ``text/html``: a static card of what it shows now, for a saved
+        notebook opened where no kernel holds the widget (see ``static_view``)."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            try:
+                html = self.static_html()
+            except Exception:  # noqa: BLE001 - a snapshot that cannot be made never stops the widget showing
+                html = ""
+            if html:
+                data["text/html"] = html
+        return bundle
+
+    def static_html(self) -> str:
+        """HTML of what the widget shows now; every sbplab widget says what matters in it."""
+        return ""
+
 
 _RELOADED = "\n// dom.js reloaded: "  # the marker that makes a widget's own module text new
 
