@@ -28,7 +28,7 @@ BF16 = sl.Precision.mixed("bf16")
 
 def _gpt():
     torch.manual_seed(0)
-    model = sl.models.GPT(sl.models.GPTConfig(n_layer=2))
+    model = sl.models.GPT(sl.models.GPTConfig(n_layer=1))
     (idx,), targets = model.example_batch(8)
     return model, idx, targets
 
@@ -55,10 +55,15 @@ def cluster():
         yield c
 
 
-def test_graph_computes_in_bf16_from_fp32_masters():
+@pytest.fixture(scope="module")
+def dp_bf16():
     model, idx, targets = _gpt()
-    step = _compile(model, idx, targets, sl.presets.data_parallel(2), BF16)
-    g = step.graph
+    return _compile(model, idx, targets, sl.presets.data_parallel(2), BF16)
+
+
+def test_graph_computes_in_bf16_from_fp32_masters(dp_bf16):
+    model, idx, targets = _gpt()
+    g = dp_bf16.graph
     mms = [op for op in g.ops_in("forward") if op.type in ("aten.addmm.default", "aten.bmm.default", "aten.mm.default")]
     assert mms and all(g.tensors[i].meta.dtype == torch.bfloat16 for op in mms for i in op.inputs)
     assert all(g.tensors[p].meta.dtype == torch.float32 for p in g.params)
@@ -78,29 +83,27 @@ def test_graph_computes_in_bf16_from_fp32_masters():
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("preset", ["dp", "tp"])
-def test_bf16_on_workers_equals_torch_autocast(cluster, preset):
+def test_bf16_on_workers_equals_torch_autocast(cluster, dp_bf16, preset):
     model, idx, targets = _gpt()
-    strategy = sl.presets.data_parallel(2) if preset == "dp" else sl.presets.tensor_parallel(2)
-    step = _compile(model, idx, targets, strategy, BF16)
+    step = dp_bf16 if preset == "dp" else _compile(model, idx, targets, sl.presets.tensor_parallel(2), BF16)
     result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
     want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS, precision=BF16)
     _check(result, want, want_params)
 
 
 @pytest.mark.multiprocess
-def test_bf16_gradients_and_optimizer_states_on_workers(cluster):
+def test_bf16_gradients_and_optimizer_states_on_workers(cluster, dp_bf16):
     """grad='bf16': gradients cast before the all-reduce (it moves half the bytes); optim_state='bf16':
     momentum stored in bf16. torch: each gradient and buffer rounded to bf16 after the step."""
     model, idx, targets = _gpt()
     opt = sl.SGD(lr=0.1, momentum=0.9)
-    fp32_grads = _compile(model, idx, targets, sl.presets.data_parallel(2), BF16, opt)
     prec = sl.Precision(compute="bf16", grad="bf16", optim_state="bf16")
     step = _compile(model, idx, targets, sl.presets.data_parallel(2), prec, opt)
     g = step.graph
     assert all(g.tensors[gr].meta.dtype == torch.bfloat16 for gr in g.grads.values() if gr.endswith(".grad"))
     states = [s for s in g.state_updates if s.endswith("momentum_buffer")]
     assert states and all(g.tensors[s].meta.dtype == torch.bfloat16 for s in states)
-    assert step.deduction.total_bytes() < fp32_grads.deduction.total_bytes()
+    assert step.deduction.total_bytes() < dp_bf16.deduction.total_bytes()  # bf16 all-reduces
     result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
     want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=prec)
     _check(result, want, want_params)
