@@ -26,6 +26,7 @@ from sbplab.compiler.reference import torch_steps
 DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 SETUP = """\
+import secrets
 mesh1 = sl.Placement("cpu", [0, 1])
 mesh2 = sl.Placement("cpu", [[0, 1], [2, 3]])
 a = torch.arange(8.0).reshape(4, 2)
@@ -150,6 +151,18 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("Clusters", "a non-loopback address without a token", 'sl.LocalCluster(2, host="0.0.0.0")', "InputError",
      ("0.0.0.0", "token=")),
     ("Clusters", "a token that is not a str", "sl.LocalCluster(2, token=1234)", "InputTypeError", ("token", "int")),
+    ("Clusters", "a guessable token on a non-loopback address", 'sl.LocalCluster(2, host="0.0.0.0", token="a")',
+     "InputError", ("too weak", "0.0.0.0", "128", "secrets.token_urlsafe(32)")),
+    ("Clusters", "a short token on a non-loopback address",
+     'sl.LocalCluster(2, launch="external", host="0.0.0.0", token="correct-horse")', "InputError",
+     ("too weak", "about 76 bits", "at least 128")),
+    ("Clusters", "a port another program listens on", 'sl.LocalCluster(1, launch="external", port=cluster.address[1])',
+     "ClusterError", ("cannot listen", "'127.0.0.1'", "port", "in use", "port=0")),
+    ("Clusters", "a host name that does not resolve",
+     'sl.LocalCluster(1, launch="external", host="no-such-host.invalid", token=secrets.token_urlsafe(32))',
+     "ClusterError", ("cannot listen", "'no-such-host.invalid'", "does not resolve")),
+    ("Clusters", "an address of another machine", 'sl.LocalCluster(1, launch="external", host="192.0.2.1", '
+     'token=secrets.token_urlsafe(32))', "ClusterError", ("cannot listen", "'192.0.2.1'", "no such address")),
     ("Running a compiled step", "timeout=0", "cluster.run(step, batch, timeout=0)", "InputError",
      ("timeout", "> 0", "got 0")),
     ("Running a compiled step", "timeout=-1", "cluster.run(step, batch, timeout=-1)", "InputError",
@@ -177,10 +190,30 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "InputTypeError", ("load_into", "torch.nn.Module", "int")),
     ("Running a compiled step", "load_into of a run without parameters", "sl.runtime.RunResult().load_into(model)",
      "InputError", ("no parameters", "params=False")),
+    ("Running a compiled step", "checkpoint_every that is not an int >= 1",
+     "cluster.run(step, batch, steps=4, checkpoint_every=0)", "InputError", ("checkpoint_every", "int >= 1", "0")),
+    ("Running a compiled step", "checkpoint_every for an ActorPlan",
+     "cluster.run(step.plan(world_size=2), step.feeds(batch), steps=4, checkpoint_every=2)", "InputError",
+     ("checkpoint_every", "compiled step")),
+    ("Running a compiled step", "saving an ActorPlan's state", 'cluster.save(step.plan(world_size=2), "ckpt")',
+     "InputTypeError", ("save needs a compiled step", "ActorPlan")),
+    ("Running a compiled step", "a checkpoint path that is not a path", "cluster.save(step, 3)", "InputTypeError",
+     ("checkpoint path", "3")),
+    ("Running a compiled step", "a checkpoint path that is a file", 'cluster.load(step, "/dev/null")', "InputError",
+     ("'/dev/null' is a file", "folder")),
+    ("Running a compiled step", "loading from a folder without a checkpoint", 'cluster.load(step, "/")', "InputError",
+     ("no checkpoint at '/'", ".metadata")),
     ("Compiling", "a torch.optim optimizer",
      "sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, "
      "optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))",
      "InputTypeError", ("torch.optim", "sl.SGD(lr=0.1, momentum=0.9)")),
+    ("Compiling", "a pipeline with more stages than the model has ops",
+     "sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, strategy=sl.presets.pipeline(8, 2))",
+     "InputError", ("8 stages", "forward has 7 ops", "at most 7 stages")),
+    ("Compiling", "a stage_of name that is no module",
+     'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, '
+     'strategy=sl.presets.pipeline(2, 2, stage_of={"block.0": 1}))',
+     "InputError", ("stage_of names 'block.0'", "no module", "blocks")),
     ("Compiling", "an optimizer's name", 'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, optimizer="sgd")',
      "InputTypeError", ("'sgd'", "sl.SGD(lr=")),
 ]
@@ -189,6 +222,7 @@ _SANITIZE = [
     (re.compile(r"\('(127\.0\.0\.1|::1|localhost)', \d+\)"), "(HOST, PORT)"),
     (re.compile(r"\b(127\.0\.0\.1|localhost):\d+\b"), "HOST:PORT"),
     (re.compile(r"\bpid \d+"), "pid N"),
+    (re.compile(r"\bport \d{4,5}\b"), "port PORT"),
     (re.compile(r"0x[0-9a-f]{6,}"), "0x..."),
 ]
 
