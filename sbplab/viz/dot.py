@@ -41,6 +41,14 @@ def digraph(body: Iterable[str], name: str = "G", rankdir: str = "TB", label: st
     return "\n".join(head + ["  " + line for line in body] + ["}"]) + "\n"
 
 
+MAX_NODES = 400  # op-level pictures beyond this many nodes are drawn grouped by module (module_dot.py)
+
+
+def node_count(source: str) -> int:
+    """How many nodes a DOT text declares (the lines ``"id" [...];`` that are not edges)."""
+    return sum(1 for line in source.splitlines() if line.rstrip().endswith("];") and "->" not in line)
+
+
 def dot_available() -> bool:
     return shutil.which("dot") is not None
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..fmt import fmt_bytes
 from ..placement import Placement
 from ..sbp import fmt_sbp
-from .dot import DotPicture, digraph, edge, node, q
+from .dot import MAX_NODES, DotPicture, digraph, edge, node, node_count, q
 from .layout_picture import LayoutPicture, dtype_short
 from .repeat import RepeatGroup, collapsed_units, find_repeats, unit_name, unit_of
 
@@ -165,6 +165,19 @@ def boxing_style(b: Any) -> dict[str, Any]:
                 fontcolor="#555555")
 
 
-def logical_picture(graph: Any, **kwargs: Any) -> DotPicture:
-    """``logical_dot`` wrapped for display: SVG in a notebook where graphviz is installed."""
+def logical_picture(graph: Any, *, group: bool | None = None, depth: int | None = None, **kwargs: Any) -> DotPicture:
+    """``logical_dot`` wrapped for display: SVG in a notebook where graphviz is installed.
+
+    group: draw it grouped by module (``module_dot``); None: when op by op it would have more than
+    ``dot.MAX_NODES`` nodes (an ATen capture of GPT-2 has thousands, which graphviz cannot lay out).
+    depth: the module depth when grouped."""
+    if group is None:
+        source = logical_dot(graph, **kwargs)
+        if node_count(source) <= MAX_NODES:
+            return DotPicture(source)
+    if group or group is None:
+        from .module_dot import logical_module_dot
+
+        keep = {k: v for k, v in kwargs.items() if k in ("phases", "title", "deduction")}
+        return DotPicture(logical_module_dot(getattr(graph, "graph", graph), depth=depth, **keep))
     return DotPicture(logical_dot(graph, **kwargs))

@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..fmt import fmt_bytes
 from ..sbp import fmt_sbp
 from .colors import device_color
-from .dot import DotPicture, digraph, edge, node, q
+from .dot import MAX_NODES, DotPicture, digraph, edge, node, node_count, q
 from .graph_dot import PHASE_FILL
 from .repeat import collapsed_units, find_repeats, unit_of
 
@@ -181,5 +181,18 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
     return digraph(body + edges, name="physical", label=label)
 
 
-def physical_picture(phys: Any, graph: Any = None, **kwargs: Any) -> DotPicture:
+def physical_picture(phys: Any, graph: Any = None, *, group: bool | None = None, depth: int | None = None,
+                     **kwargs: Any) -> DotPicture:
+    """The physical graph for display. group: draw it grouped by module and by alike ranks
+    (``module_dot``); None: when op by op it would have more than ``dot.MAX_NODES`` nodes (a large model,
+    many ranks), which graphviz draws slowly or not at all. depth: the module depth when grouped."""
+    if group is None:
+        source = physical_dot(phys, graph, **kwargs)
+        if node_count(source) <= MAX_NODES or graph is None:
+            return DotPicture(source)
+    if group or group is None:
+        from .module_dot import physical_module_dot
+
+        keep = {k: v for k, v in kwargs.items() if k in ("phases", "title")}
+        return DotPicture(physical_module_dot(phys, graph, depth=depth, **keep))
     return DotPicture(physical_dot(phys, graph, **kwargs))

@@ -11,7 +11,9 @@ from ..compiler.api import Compiled
 from ..compiler.deduction.ranking import options
 from ..compiler.ir import PHASES, Graph
 from ..compiler.training.training_graph import trace_training_graph
+from ..viz.dot import MAX_NODES, node_count
 from ..viz.graph_dot import logical_dot
+from ..viz.module_dot import logical_module_dot, physical_module_dot
 from ..viz.physical_dot import physical_dot
 from .strategy_form import module_unit
 from .zoo import BuiltModel
@@ -64,10 +66,14 @@ def graph_dot(c: Compiled, kind: str, phases: list[str], ranks_text: str, collap
         ranks = parse_ranks(ranks_text, list(c.physical.ranks))
         dot = physical_dot(c.physical, c.graph, ranks=ranks, phases=shown, collapse=collapse,
                            title=f"{c.strategy.name}: physical graph, ranks {ranks}, {', '.join(shown)}")
+        if node_count(dot) > MAX_NODES:  # too big to draw op by op: grouped by module and alike ranks
+            dot = physical_module_dot(c.physical, c.graph, phases=shown)
         return dot, lambda: "\n".join(n.describe() for n in c.physical.nodes if n.rank in ranks and n.phase in shown)
     if kind == "logical":
         dot = logical_dot(c.graph, phases=shown, collapse=collapse, deduction=c.deduction,
                           title=f"{c.strategy.name}: deduced logical graph, {', '.join(shown)}")
+        if node_count(dot) > MAX_NODES:
+            dot = logical_module_dot(c.graph, phases=shown, deduction=c.deduction)
         return dot, lambda: c.dump(shown)
     raise ValueError(f"graph kind {kind!r}: pick physical or logical")
 

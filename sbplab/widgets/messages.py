@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..viz.dot import dot_available, render_svg
 
-MAX_SVG_NODES = 400  # dot needs ~0.6 ms a node and more: bigger graphs are shown as text
+MAX_SVG_NODES = 400  # dot needs ~0.6 ms a node and more: bigger graphs are drawn grouped by module (module_dot)
 
 
 def error_text(e: BaseException) -> str:

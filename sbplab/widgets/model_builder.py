@@ -16,7 +16,9 @@ from typing import Any
 
 import traitlets as t
 
+from ..viz.dot import MAX_NODES, node_count
 from ..viz.graph_dot import logical_dot
+from ..viz.module_dot import logical_module_dot
 from . import static_view as static
 from ._assets import widget_module, widget_style
 from .messages import error_text, graph_view
@@ -156,6 +158,8 @@ class ModelBuilder(SbplabWidget):
         self.summary = (f"{built.name}: {built.n_params:,} parameters in {len(g.params)} tensors, "
                         f"{len(g.ops)} forward ops; inputs {shapes}")
         self.dot = logical_dot(g, collapse=self.collapse, title=f"{built.name}: logical graph (forward)")
+        if node_count(self.dot) > MAX_NODES:  # too big to draw op by op: grouped by module
+            self.dot = logical_module_dot(g, title=f"{built.name}: logical graph (forward), grouped by module")
         self.graph_svg, self.graph_note = graph_view(self.dot)
         self.graph_text = g.dump()
         self.stale = False
