@@ -46,6 +46,8 @@ from .eager import (
 )
 from .errors import ClusterError, InputError, InputKeyError, InputTypeError, OpError, SbpError, SbplabError
 from .hardware import Hardware
+from .machine import LinkLevel, Machine, MachineError
+from .machine_device import DeviceModel
 from .layout import (
     LayoutError,
     assemble,
@@ -71,7 +73,7 @@ __all__ = [
     "B", "Broadcast", "P", "Partial", "Placement", "S", "Split", "fmt_sbp", "parse_sbp",
     "assemble", "balanced_sizes", "local_block", "local_shape", "random_shards", "shard", "split_range",
     # eager global tensors and boxing
-    "BoxingPlan", "Hardware", "GlobalTensor", "apply", "explain", "explain_log",
+    "BoxingPlan", "Hardware", "Machine", "MachineError", "LinkLevel", "DeviceModel", "GlobalTensor", "apply", "explain", "explain_log",
     "from_local", "plan_boxing", "set_default_hardware", "tensor", "ops",
     # errors: every error sbplab raises on purpose is an SbplabError, and every one of them is here
     "SbplabError", "BoxingError", "ClusterError", "GraphError", "HintError", "InputError", "InputKeyError",

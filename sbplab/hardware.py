@@ -231,13 +231,20 @@ class Hardware:
         axis 1 stays inside a node on NVLink. Use it with a ``(nodes, 8)`` mesh.
 
         InfiniBand NDR: 400 Gb/s = 50 GB/s per direction per GPU, ~5 us per step including the switch;
-        stage-to-stage moves are assumed to cross nodes.
+        stage-to-stage moves are assumed to cross nodes. It is a ``Machine`` of spec-sheet figures: a
+        collective's link follows from its ranks (8 per node), whichever mesh axis it runs on, so any
+        mesh laid out on these nodes is priced on the same machine (``sl.Machine.h100_cluster`` adds
+        achievable efficiencies).
         """
+        from .machine import LinkLevel, Machine
+
         if not isinstance(nodes, int) or nodes < 1:
             raise InputError(f"Hardware.h100_ib needs nodes >= 1, got {nodes!r}")
-        return cls(name=f"h100_ib_{nodes}nodes", axis_bandwidth=(50e9, 450e9), axis_latency=(5e-6, 3e-6),
-                   p2p_bandwidth=50e9, p2p_latency=5e-6, flops=60e12, mem_bandwidth=3.35e12,
-                   flops_bf16=990e12)
+        return Machine(name=f"h100_ib_{nodes}nodes", axis_bandwidth=(50e9, 450e9), axis_latency=(5e-6, 3e-6),
+                       p2p_bandwidth=50e9, p2p_latency=5e-6, flops=60e12, mem_bandwidth=3.35e12,
+                       flops_bf16=990e12, nodes=nodes, devices_per_node=8,
+                       levels=(LinkLevel("InfiniBand NDR 400 Gb/s", 50e9, 5e-6, nics=8),
+                               LinkLevel("NVLink 4 / NVSwitch", 450e9, 3e-6)))
 
     def __repr__(self) -> str:
         bws = ", ".join(f"{b / 1e9:g} GB/s" for b in self.axis_bandwidth)

@@ -1,10 +1,16 @@
 """Which meshes a search may use: every factorisation of the device count into a 1-D or 2-D mesh,
 and, on a machine with several kinds of link, which mesh axis rides which link.
 
-A ``Hardware`` prices mesh axis ``a`` with its ``axis_bandwidth[a]``. A mesh choice therefore carries
-its own view of the hardware: the links permuted so that entry ``a`` is the link mesh axis ``a`` really
-uses, and a rank array laid out so that the axis on the fast (inner) link holds consecutive ranks, the
-ranks of one node. A 1-D mesh wider than a node crosses the slow link.
+On a ``Machine`` (nodes of devices, link levels) the link of a collective follows from its ranks. A mesh
+choice lays its ranks out so that the axis on the fast (inner) link holds consecutive ranks, the
+ranks of one node, and its view of the machine (``hardware``) is the same Machine with the per-axis
+figures of that layout, which the analytic pricing reads; ``sl.simulate`` prices by ranks, so the
+search's prediction is the one the user's Machine gives for the strategy it returns. A 1-D mesh
+wider than a node crosses the slow link.
+
+A plain ``Hardware`` prices mesh axis ``a`` with its ``axis_bandwidth[a]`` whatever the ranks: a mesh
+choice then uses link ``a`` for axis ``a`` (the hardware is not reordered), so again the prediction is
+the one the user's Hardware gives.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..hardware import Hardware
+from ..machine import Machine
 from ..placement import Placement
 from .search_errors import SearchError
 
@@ -40,7 +47,11 @@ class MeshChoice:
         return Placement(device_type, ranks.tolist(), names)
 
     def hardware(self, hw: Hardware) -> Hardware:
-        """``hw`` with its per-axis links reordered to this mesh's axes."""
+        """``hw`` as this mesh's axes see it: a Machine with the per-axis figures of this layout's ranks
+        (priced by ranks in simulation either way); a plain Hardware's links permuted to ``links``
+        (unchanged for the choices ``mesh_choices`` makes for it, axis ``a`` on link ``a``)."""
+        if isinstance(hw, Machine):
+            return hw.for_placement(self.placement())
         bws = tuple(hw.link(k)[0] for k in self.links)
         lats = tuple(hw.link(k)[1] for k in self.links)
         if bws == hw.axis_bandwidth and lats == hw.axis_latency:
@@ -69,15 +80,21 @@ def _divisors(n: int) -> list[int]:
 def mesh_choices(devices: int, hw: Hardware, node_size: int | None = None, max_ndim: int = 2) -> list[MeshChoice]:
     """Every 1-D and 2-D mesh of ``devices`` ranks (no axis of size 1), with every valid link mapping.
 
-    With a single-link Hardware every axis uses link 0. With several links (outer first, like
-    ``Hardware.h100_ib``: InfiniBand between nodes, NVLink inside one), ``node_size`` ranks share the
-    inner link (default 8, one H100/A100 node): an axis may use the inner link only if its size
-    divides ``node_size``; a mesh that fits in a node (a pipeline stage of a node or less) uses the
-    inner link on every axis, since its ranks never leave the node.
+    With a single-link Hardware every axis uses link 0; with a plain Hardware of several links, axis
+    ``a`` uses link ``a`` (the last for axes beyond). On a Machine with several levels (outer first, like
+    ``Machine.h100_cluster`` or ``Hardware.h100_ib``: InfiniBand between nodes, NVLink inside one),
+    ``node_size`` ranks share the inner link (default: the machine's devices per node): an axis may use
+    the inner link only if its size divides ``node_size``; a mesh that fits in a node (a pipeline stage
+    of a node or less) uses the inner link on every axis, since its ranks never leave the node.
     """
     devices = check_devices(devices)
     inner = len(hw.axis_bandwidth) - 1
-    node = node_size or 8
+    if inner > 0 and not isinstance(hw, Machine):
+        out = [MeshChoice((devices,), (0,))]
+        if max_ndim >= 2:
+            out += [MeshChoice((a, devices // a), (0, min(1, inner))) for a in _divisors(devices) if 1 < a < devices]
+        return out
+    node = node_size or (hw.devices_per_node if isinstance(hw, Machine) else 8)
     if inner == 0:
         out = [MeshChoice((devices,), (0,))]
         if max_ndim >= 2:

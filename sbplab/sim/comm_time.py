@@ -8,7 +8,8 @@ names no mesh axis: axis 0). Output shapes, bytes and the time all come from the
 (``sbplab.boxing.kinds``), the same one the runtime runs, so nothing here knows a kind by name.
 
 Mesh axes beyond the Hardware's ``axis_bandwidth`` entries are fine: ``Hardware.link`` repeats the
-last axis's figures for them.
+last axis's figures for them. On a ``Machine`` the link is the level the group's ranks span (inside a
+node or across nodes), whatever mesh axis the group belongs to: the physical mesh prices the logical one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from ..boxing.kinds import kind_of
 from ..hardware import Hardware
+from ..machine import Machine
 from ..ops.registry import TensorMeta
 from ..runtime.specs import Actor, Collective, Send
 from .shapes import ActorShapes, nbytes
@@ -32,12 +34,14 @@ class CommInfo:
     mesh_axis: the mesh axis a collective runs on; None for point-to-point moves.
     group_size: ranks taking part.
     bytes_sent: bytes this rank sends.
+    group: the ranks taking part (a Machine picks the link level they span); () where unknown.
     """
 
     kind: str
     mesh_axis: int | None
     group_size: int
     bytes_sent: int
+    group: tuple[int, ...] = ()
 
 
 def _attr_bytes(v, rank: int) -> int | None:
@@ -70,9 +74,9 @@ def comm_info(a: Actor, rank: int, shapes: ActorShapes, known: CommInfo | None =
         sent = _attr_bytes(getattr(a, "bytes_sent", None), rank)
         if sent is None:
             sent = known.bytes_sent if known is not None else _collective_bytes(a, rank, shapes)
-        return CommInfo(a.kind_, axis, len(a.group), sent)
+        return CommInfo(a.kind_, axis, len(a.group), sent, tuple(a.group))
     metas = shapes.inputs if isinstance(a, Send) else shapes.outputs
-    return CommInfo("send_recv", None, 2, sum(nbytes(m) for m in metas))
+    return CommInfo("send_recv", None, 2, sum(nbytes(m) for m in metas), (rank, a.peer))  # type: ignore[attr-defined]
 
 
 def comm_duration(info: CommInfo, hw: Hardware, busy: bool = False) -> float:
@@ -80,4 +84,8 @@ def comm_duration(info: CommInfo, hw: Hardware, busy: bool = False) -> float:
     measured fits first); ``busy``: while every core of the machine computes."""
     if info.group_size <= 1:
         return 0.0
-    return float(kind_of(info.kind).duration(hw, info.mesh_axis, info.group_size, info.bytes_sent, busy=busy))
+    kind = kind_of(info.kind)
+    if isinstance(hw, Machine) and info.group:  # the link follows from the ranks, not the mesh axis
+        alpha, bw = hw.collective_alpha_beta(info.kind, info.mesh_axis, info.group, busy)
+        return float(alpha * kind.rounds(info.group_size) + info.bytes_sent / bw)
+    return float(kind.duration(hw, info.mesh_axis, info.group_size, info.bytes_sent, busy=busy))

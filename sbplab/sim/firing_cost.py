@@ -18,6 +18,8 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
+
 from ..hardware import Hardware, op_key
 from ..ops.registry import REGISTRY, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send
@@ -82,31 +84,39 @@ def device_of(hw: Hardware) -> str:
 
 
 def compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str | None,
-                 cache: dict | None = None) -> FiringCost:
+                 cache: dict | None = None, compute_dtype: torch.dtype | None = None) -> FiringCost:
     """Seconds of one firing of a compute-lane actor (kernel time plus the firing overhead); ``cache``
     is shared by the ranks of one simulation (same op, shapes and attributes: same cost).
-    ``device_type`` None (a device-free plan): the hardware's device (``device_of``)."""
+    ``device_type`` None (a device-free plan): the hardware's device (``device_of``).
+    ``compute_dtype``: a forward or backward kernel on fp32 tensors is priced at this dtype (its peak,
+    its bytes): the step's precision where the graph was traced without it (``step_pricing.py``)."""
     if device_type is None:
         device_type = device_of(hw)
+    if compute_dtype is not None and (a.phase not in ("forward", "backward") or _dtype(shapes) != torch.float32):
+        compute_dtype = None
     if cache is None:
-        return _compute_cost(a, shapes, hw, device_type)
+        return _compute_cost(a, shapes, hw, device_type, compute_dtype)
     if shapes.attrs is None:  # attributes that cannot be hashed: no sharing
-        return _compute_cost(a, shapes, hw, device_type)
-    key = (type(a), a.label, shapes)
+        return _compute_cost(a, shapes, hw, device_type, compute_dtype)
+    key = (type(a), a.label, shapes, compute_dtype)
     c = cache.get(key)
     if c is None:
-        c = cache[key] = _compute_cost(a, shapes, hw, device_type)
+        c = cache[key] = _compute_cost(a, shapes, hw, device_type, compute_dtype)
     return c
 
 
-def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str) -> FiringCost:
+def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str,
+                  compute_dtype: torch.dtype | None = None) -> FiringCost:
     over = hw.firing_overhead
     ins, outs = shapes.inputs, shapes.outputs
     moved = sum(nbytes(m) for m in ins) + sum(nbytes(m) for m in outs)
+    if compute_dtype is not None:  # the same kernel at the compute dtype: floating tensors shrink with it
+        ratio = compute_dtype.itemsize / 4
+        moved = sum(nbytes(m) * (ratio if m.dtype == torch.float32 else 1) for m in (*ins, *outs))
     if isinstance(a, Compute):
-        dtype = _dtype(shapes)
+        dtype = compute_dtype or _dtype(shapes)
         rule = _moved_rule(a.op)
-        own = None if rule is None else rule([nbytes(m) for m in ins], a.attrs)
+        own = None if rule is None or compute_dtype is not None else rule([nbytes(m) for m in ins], a.attrs)
         key = op_key(a.op, [m.shape for m in ins], dtype or "float32", device_type)
         t, measured = hw.op_time(key, _flops(a.op, ins, outs, a.attrs), moved if own is None else own, dtype)
         return FiringCost(t + over, measured, not measured, overhead=over)

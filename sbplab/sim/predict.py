@@ -25,6 +25,7 @@ from .prediction import Prediction, memory_fields
 from .register_memory import peak_memory
 from .shapes import batch_shapes, infer_rank_shapes
 from .sim_errors import SimulationError
+from .step_pricing import StepPricing, pricing_of
 from .symmetry import rank_classes
 from .timing import rank_breakdown, step_ends, window
 
@@ -84,22 +85,41 @@ def simulate(step: Any, hw: Hardware, *, steps: int = 3,
     """
     plan, batch, known = plan_of(step)
     batch.update(batch_shapes(feeds))
-    return simulate_plan(plan, hw, steps=steps, batch=batch, comm=known)
+    return simulate_plan(plan, hw, steps=steps, batch=batch, comm=known, pricing=pricing_of(step))
 
 
 def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mapping[str, TensorMeta] | None = None,
-                  comm: Mapping[str, CommInfo] | None = None) -> Prediction:
+                  comm: Mapping[str, CommInfo] | None = None, pricing: StepPricing | None = None) -> Prediction:
     """``simulate`` on a plan already lowered (``plan_of`` gives plan, batch shapes and ``comm``, what the
-    compiler knows of each collective), so lowering can be timed or cached apart from simulating."""
+    compiler knows of each collective; ``pricing_of(step)`` the step's precision, recomputation and
+    work), so lowering can be timed or cached apart from simulating."""
     _check(plan, hw, steps)
     with gc_paused():  # the simulation's many small objects all live until it ends
-        return _simulate(plan, hw, steps, dict(batch or {}), dict(comm or {}))
+        return _simulate(plan, hw, steps, dict(batch or {}), dict(comm or {}), pricing)
+
+
+def _add_recompute(plan: ActorPlan, costs: dict[int, list[FiringCost]], redo: frozenset) -> None:
+    """Per rank, the kernel seconds of the forward actors the backward repeats, spread over the rank's
+    backward kernels in proportion to their own (the recomputation runs inside the backward)."""
+    for r, rp in plan.ranks.items():
+        row = costs[r]
+        extra = sum(row[i].seconds - row[i].overhead for i, a in enumerate(rp.actors) if (r, a.name) in redo)
+        back = [i for i, a in enumerate(rp.actors) if a.lane != "comm" and a.phase == "backward"
+                and (row[i].measured or row[i].modelled)]
+        total = sum(row[i].seconds - row[i].overhead for i in back)
+        if extra <= 0 or total <= 0:
+            continue
+        f = 1 + extra / total
+        for i in back:
+            c = row[i]
+            row[i] = replace(c, seconds=(c.seconds - c.overhead) * f + c.overhead)
 
 
 def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],
-              known: dict[str, CommInfo]) -> Prediction:
+              known: dict[str, CommInfo], pricing: StepPricing | None = None) -> Prediction:
     M = plan.micro_batches
     device = plan.device_type or device_of(hw)  # a device-free plan runs on the hardware's device
+    low = pricing.compute_dtype if pricing is not None else None
     shapes, sent, costs, busy_extra = {}, {}, {}, {}
     shape_cache: dict = {}
     cost_cache: dict = {}
@@ -109,10 +129,12 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
         for a in rp.actors:
             sh = shapes[r][a.name]
             row_c.append(comm_cost(a, r, sh, hw, known) if a.lane == "comm"
-                         else compute_cost(a, sh, hw, device, cost_cache))
+                         else compute_cost(a, sh, hw, device, cost_cache, low))
         costs[r] = row_c
         busy_extra[r] = [c.busy_extra for c in row_c]
         sent[r] = [c.nbytes for c in row_c]
+    if pricing is not None and pricing.recomputed:
+        _add_recompute(plan, costs, pricing.recomputed)
     classes = rank_classes(plan, costs, shapes)
     for r in classes:  # the ranks simulated: the runtime fires a fused chain as one actor, so its parts
         row_c = costs[r]  # after the first pay no firing overhead
@@ -131,7 +153,7 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
                       peak_memory=peak, memory_breakdown=parts, breakdown={m: dict(per_rep[rep_of[m]])
                                                                            for m in plan.ranks},
                       measured_fraction=_measured_fraction(plan, costs), firings=firings, sent_bytes=sent,
-                      classes=classes, window_start=lo if steps > 1 else 0.0, memory_at_us=at)
+                      classes=classes, window_start=lo if steps > 1 else 0.0, memory_at_us=at, pricing=pricing)
 
 
 def _measured_fraction(plan: ActorPlan, costs: dict[int, list[FiringCost]]) -> float:

@@ -16,6 +16,7 @@ from ..runtime.actor_plan import ActorPlan
 from ..runtime.trace import Trace, TraceEvent, build_trace
 from .engine import Firings
 from .register_memory import RankPeak
+from .step_pricing import StepPricing
 from .timing import critical_chain
 
 if TYPE_CHECKING:
@@ -51,6 +52,48 @@ class Prediction:
     classes: dict[int, list[int]] = field(default_factory=dict, repr=False)  # simulated rank -> ranks alike
     window_start: float = field(default=0.0, repr=False)
     memory_at_us: dict[int, float] = field(default_factory=dict, repr=False)
+    pricing: StepPricing | None = field(default=None, repr=False)  # precision, recomputation, work per step
+
+    # --- throughput as papers report it (Megatron-LM, PaLM) ---------------------------------------------
+    @property
+    def devices(self) -> int:
+        """Ranks that run anything (the throughput per device divides by these)."""
+        return sum(1 for rp in self.plan.ranks.values() if rp.actors) or self.plan.world_size
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Tokens a second over all devices (a (batch, sequence) integer input's elements), or None."""
+        p = self.pricing
+        return p.tokens / self.step_time if p is not None and p.tokens and self.step_time > 0 else None
+
+    @property
+    def samples_per_second(self) -> float | None:
+        p = self.pricing
+        return p.samples / self.step_time if p is not None and p.samples and self.step_time > 0 else None
+
+    @property
+    def model_flops(self) -> float | None:
+        """FLOPs of one step, all devices: the captured graph's forward and backward (no recomputation)."""
+        return self.pricing.model_flops if self.pricing is not None and self.pricing.model_flops else None
+
+    def tflops_per_device(self, with_recompute: bool = False) -> float | None:
+        """Model TFLOP/s per device; ``with_recompute``: counting the recomputed forward too, as Megatron-LM
+        reports it (Narayanan et al., SC21, eq. 3 counts four forward passes with full recomputation)."""
+        f = self.model_flops
+        if f is None or self.step_time <= 0:
+            return None
+        if with_recompute:
+            f += self.pricing.recompute_flops  # type: ignore[union-attr]
+        return f / self.step_time / self.devices / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation (PaLM's definition): model FLOP/s per device over the device's peak at
+        the step's compute dtype, recomputation not counted."""
+        t = self.tflops_per_device()
+        if t is None:
+            return None
+        return t * 1e12 / self.hardware.flops_for(self.pricing.compute)  # type: ignore[union-attr]
 
     @cached_property
     def trace(self) -> Trace:
@@ -95,8 +138,12 @@ class Prediction:
 
     def summary(self) -> str:
         lines = [f"predicted step time {self.step_time * 1e3:.3f} ms on {self.hardware.name} "
-                 f"({self.measured_fraction:.0%} of compute from measured op times)",
-                 f"{'rank':>4} {'compute ms':>11} {'exp. comm ms':>13} {'idle ms':>9} {'peak MB':>9}"]
+                 f"({self.measured_fraction:.0%} of compute from measured op times)"]
+        if self.mfu is not None:
+            tok = self.tokens_per_second
+            lines.append((f"{tok:,.0f} tokens/s, " if tok else "") + f"{self.tflops_per_device():.1f} model "
+                         f"TFLOP/s per device, MFU {self.mfu:.1%}")
+        lines += [f"{'rank':>4} {'compute ms':>11} {'exp. comm ms':>13} {'idle ms':>9} {'peak MB':>9}"]
         for r, b in self.breakdown.items():
             lines.append(f"{r:>4} {b['compute'] * 1e3:>11.3f} {b['exposed communication'] * 1e3:>13.3f} "
                          f"{b['idle'] * 1e3:>9.3f} {self.peak_memory[r] / 2**20:>9.2f}")
