@@ -27,11 +27,25 @@ AXIS = 'stroke="currentColor" stroke-opacity="0.5"'
 GRID = 'stroke="currentColor" stroke-opacity="0.15"'
 
 
+MIN_SLOT = 18  # px per bar at least: a two-digit rank number at 11 px fits under it, so labels never collide
+WIDE_SLOT = 46  # px per bar from which "rank 12" fits under it; narrower slots write the number alone
+
+
 def stacked_bars_svg(categories: Sequence[str], series: Sequence[tuple[str, str, Sequence[float]]], title: str,
-                     fmt: Callable[[float], str] = fmt_bytes, width: int = 460, height: int = 220) -> str:
-    """Vertical stacked bars: one bar per category, one segment per non-zero series value."""
+                     fmt: Callable[[float], str] = fmt_bytes, width: int = 460, height: int = 220,
+                     axis: str = "") -> str:
+    """Vertical stacked bars: one bar per category, one segment per non-zero series value.
+
+    Many categories widen the chart (at least ``MIN_SLOT`` px each) instead of squeezing the labels
+    into each other; where "rank 12" no longer fits under its bar, the shared prefix moves into an axis
+    title (``axis``, e.g. "rank") and each bar keeps its number."""
     left, top, bottom, legend_w = 56, 26, 26, 150
+    width = max(width, left + legend_w + MIN_SLOT * len(categories))
     plot_w, plot_h = width - left - legend_w, height - top - bottom
+    short = axis and plot_w / max(1, len(categories)) < WIDE_SLOT
+    if short:
+        categories = [c.removeprefix(axis).strip() for c in categories]
+        height += 14
     totals = [sum(s[2][i] for s in series) for i in range(len(categories))]
     peak = max(totals, default=0) or 1
     slot = plot_w / max(1, len(categories))
@@ -54,6 +68,9 @@ def stacked_bars_svg(categories: Sequence[str], series: Sequence[tuple[str, str,
                        f'width="{bw:.1f}" height="{h:.1f}" fill="{color}"><title>{escape(cat)}: {escape(name)} '
                        f'{escape(fmt(v))}</title></rect>')
         out.append(f'<text x="{x + bw / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{escape(cat)}</text>')
+    if short:
+        out.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 28}" text-anchor="middle" {MUTED}>'
+                   f'{escape(axis)}</text>')
     used = [(n, c) for n, c, vals in series if any(v > 0 for v in vals)]
     for k, (name, color) in enumerate(used):
         ly = top + 4 + 16 * k
@@ -69,7 +86,8 @@ def memory_svg(report: Any) -> str:
     parts = [memory_parts(report.ranks[r]) for r in ranks]
     series = [(name, color, [p[name] for p in parts]) for name, color in MEMORY_PARTS]
     peak = max((report.ranks[r].peak for r in ranks), default=0)
-    return stacked_bars_svg([f"rank {r}" for r in ranks], series, f"memory per device: peak {fmt_bytes(peak)}")
+    return stacked_bars_svg([f"rank {r}" for r in ranks], series, f"memory per device: peak {fmt_bytes(peak)}",
+                            axis="rank")
 
 
 def comm_svg(phys: Any) -> str:
@@ -80,4 +98,5 @@ def comm_svg(phys: Any) -> str:
     series = [(f"{phase} {kind}", category_color(i), [per[r].get((phase, kind), 0) for r in ranks])
               for i, (phase, kind) in enumerate(keys)]
     total = sum(sum(v.values()) for v in per.values())
-    return stacked_bars_svg([f"rank {r}" for r in ranks], series, f"bytes sent per step: {fmt_bytes(total)} in all")
+    return stacked_bars_svg([f"rank {r}" for r in ranks], series, f"bytes sent per step: {fmt_bytes(total)} in all",
+                            axis="rank")
