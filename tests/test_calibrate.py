@@ -18,7 +18,15 @@ from sbplab.runtime import Accumulate, Compute, LocalCluster
 from sbplab.runtime.calibrate import CalibrationCacheWarning, calibrate, calibrate_report, hardware_of
 from sbplab.runtime.calibrate_comm import collective_plan, comm_axes, measured_kinds, p2p_plan
 from sbplab.runtime.calibrate_fit import fit_alpha_beta
-from sbplab.runtime.calibration_cache import CalibrationRecord, load
+from sbplab.runtime.calibrate_trust import (
+    MARGIN,
+    REPEATABLE,
+    CalibrationFitWarning,
+    busy_message,
+    noise_statement,
+    reject_impossible,
+)
+from sbplab.runtime.calibration_cache import CalibrationRecord, age_text, cache_path, load, user_name
 from sbplab.runtime.examples import data_parallel_linear
 from sbplab.sim.predict import plan_of, simulate
 from sbplab.sim.shapes import infer_rank_shapes
@@ -150,6 +158,35 @@ def test_a_record_becomes_a_hardware_with_measured_links_ops_and_peaks():
     assert hash(hw) == hash(hardware_of(rec, "cpu"))
 
 
+def test_a_link_faster_than_memory_is_rejected_and_capped():
+    """A send/recv fit of 1,000,000 GB/s (what a busy machine gave) cannot be: capped at the copy bandwidth."""
+    fits = [CommFit("send_recv", None, 2, 5e-5, 1e15, 0.3), CommFit("all_reduce", 0, 2, 1e-4, 2e9, 0.05)]
+    kept, said = reject_impossible(fits, 1e10)
+    assert kept[0].bandwidth == MARGIN * 1e10 and kept[0].alpha == 5e-5 and kept[1] == fits[1]
+    assert len(said) == 1 and "send_recv (point to point) fitted 1e+06 GB/s" in said[0]
+    assert "more than 2x the memory copy bandwidth" in said[0] and "Capped at 20 GB/s" in said[0]
+    assert reject_impossible(fits, None) == (fits, [])  # no copy measured: nothing to judge by
+
+
+def test_a_busy_machine_and_a_noisy_calibration_are_said():
+    assert busy_message(1.5, 2) is None and busy_message(None, 2) is None
+    said = busy_message(16.9, 2)
+    assert "load average 16.9 on 2 cores" in said and "contention" in said
+    assert "repeatable" in noise_statement(REPEATABLE / 2) and "noisy" in noise_statement(REPEATABLE * 3)
+
+
+def test_the_cache_is_one_users_and_says_its_age(tmp_path):
+    fp = {"machines": [{"hostname": "box", "cpu_model": "cpu", "cores": 2}], "device_type": "cpu",
+          "world_size": 2}
+    path = cache_path(tmp_path, fp)
+    assert path.name == f"calibration-{user_name()}-box-cpu2.json" and user_name()
+    rec = CalibrationRecord(fp, "2.0", measured_at=1_000.0, load=3.5)
+    assert CalibrationRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert rec.age_s > 0 and "days old" in age_text(rec.age_s)
+    assert age_text(90) == "2 min old" and age_text(None) == "age unknown"
+    assert "at 1970-01-01 00:16 UTC" in hardware_of(rec, "cpu").origin
+
+
 # --- on real workers ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():
@@ -186,6 +223,23 @@ def test_calibration_of_a_compiled_dp_step(cluster, tmp_path):
     assert not measured and t == pytest.approx(max(1e9 / hw.flops, 1e6 / hw.mem_bandwidth))
     assert simulate(step, hw).measured_fraction == 1.0  # the simulator finds every kernel in the table
     assert simulate(step, Hardware.cpu_box()).measured_fraction == 0.0
+
+
+@pytest.mark.multiprocess
+def test_a_calibration_says_its_load_age_noise_and_shows_progress(cluster, tmp_path, capsys):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        rep = calibrate_report(cluster, None, cache_dir=tmp_path, progress=True, **SMALL)
+    assert "calibrate" in capsys.readouterr().err  # the bar, in a terminal
+    assert rep.age_s is not None and rep.age_s >= 0 and rep.load is not None
+    assert rep.noise == max(f.rel_error for f in rep.hardware.comm_fits)
+    assert rep.repeatability == noise_statement(rep.noise) and rep.repeatability in rep.summary()
+    copy = max(rep.hardware.mem_bandwidth, Hardware.cpu_box().mem_bandwidth)
+    assert all(f.bandwidth <= MARGIN * copy for f in rep.hardware.comm_fits)  # nothing faster than memory
+    fit_warnings = [w for w in seen if issubclass(w.category, CalibrationFitWarning)]
+    assert len(fit_warnings) == len(rep.rejected)
+    later = calibrate_report(cluster, None, cache_dir=tmp_path, progress=False, **SMALL)
+    assert later.reused and later.age_s >= rep.age_s and "old" in later.summary()
 
 
 @pytest.mark.multiprocess

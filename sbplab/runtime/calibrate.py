@@ -17,14 +17,18 @@ What is measured (BRIEF section 5, "Calibrate, don't guess"):
   (``calibrate_ops``), plus a matmul's FLOP/s and a copy's bytes/s for the roofline of the rest;
 - the cores the ranks share (the worker machine's ``os.cpu_count()``).
 
-The figures are cached on disk per machine (``calibration_cache``): a later call, in this session or
-another, measures only what is new (ops not profiled yet, a different size sweep), and a cache from
-another machine or torch version is reported and measured again.
+The figures are cached on disk per user and machine (``calibration_cache``): a later call measures only
+what is new (ops not profiled yet, a different size sweep), and a cache from another machine or torch
+version is reported and measured again. Whether to trust them (``calibrate_trust``): a busy machine is
+warned about before measuring, a physically impossible link fit is rejected and capped with a warning,
+``Calibration.noise`` says how noisy the fits were and ``age_s`` how old the figures are; a bar shows
+the progress.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,7 +39,17 @@ from ..hardware import CommFit, Hardware, OpKey
 from .calibrate_busy import measure_busy
 from .calibrate_comm import measure_collectives, measure_p2p
 from .calibrate_ops import measure_firing_overhead, op_instances, peak_instances, peaks_from, profile_ops
-from .calibration_cache import CalibrationRecord, cache_path, describe, fingerprint, load, save
+from .calibrate_trust import (
+    CalibrationBusyWarning,
+    CalibrationFitWarning,
+    busy_message,
+    machine_load,
+    noise_of,
+    noise_statement,
+    phase_bar,
+    reject_impossible,
+)
+from .calibration_cache import CalibrationRecord, age_text, cache_path, describe, fingerprint, load, save
 from .calibration_probe import read_worker_facts
 
 DEFAULT_SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB per rank, log spaced
@@ -79,6 +93,21 @@ class Calibration:
     reused: bool = False
     stale: str | None = None
     skipped: dict[OpKey, str] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)  # link fits that were physically impossible, and the cap
+    load: float | None = None  # the machine's load average when the links were measured
+    age_s: float | None = None  # how old the link figures are (seconds; 0: measured now)
+    noise: float = 0.0  # the largest median relative error of a link fit
+
+    @property
+    def repeatability(self) -> str:
+        """Whether another calibration can be expected to agree, from how noisy the fits were."""
+        return noise_statement(self.noise)
+
+    def summary(self) -> str:
+        cores = self.hardware.cores
+        busy = f", load {self.load:.1f}" + (f" on {cores} cores" if cores else "") if self.load is not None else ""
+        return "\n".join([f"{self.hardware.origin}: links {age_text(self.age_s)}{busy}",
+                          self.repeatability, *(f"rejected: {r}" for r in self.rejected)])
 
 
 def _check_args(cluster: Any, sizes: Sequence[int], repeats: int) -> tuple[int, ...]:
@@ -101,13 +130,15 @@ def _check_args(cluster: Any, sizes: Sequence[int], repeats: int) -> tuple[int, 
 def calibrate_report(cluster: Any, steps: Any = None, *, sizes: Sequence[int] = DEFAULT_SIZES,
                      repeats: int = DEFAULT_REPEATS, cache: bool = True, cache_dir: str | Path | None = None,
                      feeds: Mapping[str, Any] | None = None, refresh: bool = False,
-                     matmul_n: int | None = None, copy_bytes: int | None = None) -> Calibration:
+                     matmul_n: int | None = None, copy_bytes: int | None = None,
+                     progress: bool = True) -> Calibration:
     """``calibrate`` with the story: what was measured now, what came from the cache, what was skipped.
 
     feeds: batch tensors or shapes for ActorPlans with Source actors (a compiled step knows its own).
     refresh: measure everything again even when the cache is valid (the file is then rewritten).
     matmul_n, copy_bytes: the square matmul and the copy that measure the roofline's peaks (default:
         big enough to reach the device's speed, ``PEAK_SIZES``).
+    progress: a bar over the parts measured (terminal or notebook).
     """
     sweep_sizes = _check_args(cluster, sizes, repeats)
     dev = cluster.device_type
@@ -125,28 +156,54 @@ def calibrate_report(cluster: Any, steps: Any = None, *, sizes: Sequence[int] = 
     rec.cores = _cores(facts)
     sweep = {"sizes": list(sweep_sizes), "repeats": repeats, "busy": True}
     comm = rec.sweep != sweep or (cluster.n >= 2 and not rec.comm_fits)
-    if comm:
-        p2p = measure_p2p(cluster, sweep_sizes, repeats)
-        fits = measure_collectives(cluster, sweep_sizes, repeats) + ([p2p] if p2p else [])
-        rec.comm_fits = measure_busy(cluster, fits, sweep_sizes, repeats, rec.cores) \
-            if dev == "cpu" else fits  # a GPU rank has its own device: nothing to wait for
-        rec.sweep = sweep
     overhead = rec.firing_overhead is None
-    if overhead:
-        rec.firing_overhead = measure_firing_overhead(cluster, repeats)
     mm, cp = peak_instances(dev, matmul_n or PEAK_SIZES[dev][0], copy_bytes or PEAK_SIZES[dev][1])
     peaks = [i for i in (mm, cp) if i.key not in rec.op_times]
     peak_keys = {i.key for i in peaks}
     new = [i for k, i in insts.items() if k not in rec.op_times and k not in peak_keys]
-    times, skipped = profile_ops(cluster, peaks + new, repeats)
+    load_now = machine_load()
+    busy = busy_message(load_now, rec.cores) if comm or overhead or peaks or new else None
+    if busy:
+        warnings.warn(busy, CalibrationBusyWarning, stacklevel=2)
+    bar = phase_bar((2 + (dev == "cpu") if comm else 0) + overhead + bool(peaks or new), progress)
+    try:
+        if comm:
+            bar.set_postfix_str("point to point")
+            p2p = measure_p2p(cluster, sweep_sizes, repeats)
+            bar.update()
+            bar.set_postfix_str("collectives")
+            fits = measure_collectives(cluster, sweep_sizes, repeats) + ([p2p] if p2p else [])
+            bar.update()
+            if dev == "cpu":  # a GPU rank has its own device: nothing to wait for
+                bar.set_postfix_str("links while the cores compute")
+                fits = measure_busy(cluster, fits, sweep_sizes, repeats, rec.cores)
+                bar.update()
+            rec.comm_fits, rec.sweep, rec.measured_at, rec.load = fits, sweep, time.time(), load_now
+        if overhead:
+            bar.set_postfix_str("firing overhead")
+            rec.firing_overhead = measure_firing_overhead(cluster, repeats)
+            bar.update()
+        if peaks or new:
+            bar.set_postfix_str(f"peaks and {len(new)} ops")
+        times, skipped = profile_ops(cluster, peaks + new, repeats)
+        if peaks or new:
+            bar.update()
+    finally:
+        bar.close()
     rec.op_times.update(times)
     if mm.key in rec.op_times and cp.key in rec.op_times:
         rec.peaks = peaks_from(rec.op_times, mm, cp)
+    floor = Hardware.cpu_box().mem_bandwidth if dev == "cpu" else 0.0  # a busy copy must not condemn a link
+    rec.comm_fits, rejected = reject_impossible(rec.comm_fits, max(rec.peaks.get("mem_bandwidth", 0.0), floor))
+    for why in rejected if comm else ():
+        warnings.warn(f"calibration: a link fit is physically impossible: {why}", CalibrationFitWarning,
+                      stacklevel=2)
     if path is not None:
         save(path, rec)
     measured = MeasuredNow(comm=comm, overhead=overhead, peaks=bool(peaks),
                            ops=sum(1 for i in new if i.key in times))
-    return Calibration(hardware_of(rec, dev), measured, path, reused, stale, skipped)
+    return Calibration(hardware_of(rec, dev), measured, path, reused, stale, skipped, rejected, rec.load, rec.age_s,
+                       noise_of(rec.comm_fits))
 
 
 def calibrate(cluster: Any, steps: Any = None, *, sizes: Sequence[int] = DEFAULT_SIZES,
@@ -199,7 +256,9 @@ def hardware_of(rec: CalibrationRecord, device_type: str) -> Hardware:
     """The calibrated Hardware: ``cpu_box()`` with every measured figure put in."""
     n = rec.fingerprint["world_size"]
     hw = Hardware.cpu_box().with_measurements(
-        name=f"calibrated_{device_type}{n}", origin=f"measured on {describe(rec.fingerprint)}",
+        name=f"calibrated_{device_type}{n}",
+        origin=f"measured on {describe(rec.fingerprint)}"
+               + (f" at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(rec.measured_at))}" if rec.measured_at else ""),
         op_times=rec.op_times.items(), comm_fits=rec.comm_fits, firing_overhead=rec.firing_overhead,
         cores=rec.cores, **_links(rec.comm_fits), **rec.peaks)
     return hw if device_type == "cpu" else replace(hw, cores=None)  # a GPU rank has its own device

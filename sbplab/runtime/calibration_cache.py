@@ -12,10 +12,12 @@ Location: ``cache_dir``, else ``$SBPLAB_CACHE``, else ``~/.cache/sbplab``.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,15 @@ from typing import Any
 from ..hardware import CommFit, OpKey
 
 FORMAT = 1
+
+
+def user_name() -> str:
+    """Who calibrates: a cache file is one user's (another user's load, or tampering, is not theirs)."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        name = f"uid{os.getuid()}" if hasattr(os, "getuid") else "user"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "user"
 
 
 def default_cache_dir() -> Path:
@@ -39,6 +50,16 @@ def fingerprint(facts: list[dict], device_type: str) -> dict:
             "world_size": len(facts)}
 
 
+def age_text(seconds: float | None) -> str:
+    """``"measured 3 min ago"``-style text for a calibration's age."""
+    if seconds is None:
+        return "age unknown"
+    for unit, n in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= n:
+            return f"{seconds / n:.0f} {unit}{'s' if unit == 'day' and seconds >= 2 * n else ''} old"
+    return f"{seconds:.0f} s old"
+
+
 def describe(fp: dict) -> str:
     """A short line for ``Hardware.origin``: host(s), CPU, GPU, ranks."""
     hosts = ", ".join(sorted({m["hostname"] for m in fp["machines"]}))
@@ -48,10 +69,11 @@ def describe(fp: dict) -> str:
 
 
 def cache_path(cache_dir: str | Path | None, fp: dict) -> Path:
-    """``<dir>/calibration-<host>-<device><ranks>.json`` (the host of rank 0's machine)."""
+    """``<dir>/calibration-<user>-<host>-<device><ranks>.json`` (the host of rank 0's machine): per user
+    and machine, even in a directory several users share (``$SBPLAB_CACHE``)."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", fp["machines"][0]["hostname"]) or "host"
     base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return base / f"calibration-{host}-{fp['device_type']}{fp['world_size']}.json"
+    return base / f"calibration-{user_name()}-{host}-{fp['device_type']}{fp['world_size']}.json"
 
 
 @dataclass
@@ -61,6 +83,8 @@ class CalibrationRecord:
     sweep: the collective sizes (bytes per rank) and repeats the fits were measured with; a request for
         another sweep measures the collectives again.
     peaks: measured ``flops`` and ``mem_bandwidth`` for the roofline.
+    measured_at: when the links were measured (seconds since the epoch): ``age_s`` says how old it is.
+    load: the machine's load average then (a busy machine's figures include contention).
     """
 
     fingerprint: dict
@@ -71,11 +95,17 @@ class CalibrationRecord:
     peaks: dict[str, float] = field(default_factory=dict)
     cores: int | None = None
     op_times: dict[OpKey, float] = field(default_factory=dict)
+    measured_at: float | None = None
+    load: float | None = None
+
+    @property
+    def age_s(self) -> float | None:
+        return None if self.measured_at is None else max(0.0, time.time() - self.measured_at)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "fingerprint": self.fingerprint, "torch": self.torch, "sweep": self.sweep,
                 "comm_fits": [asdict(f) for f in self.comm_fits], "firing_overhead": self.firing_overhead,
-                "peaks": self.peaks, "cores": self.cores,
+                "peaks": self.peaks, "cores": self.cores, "measured_at": self.measured_at, "load": self.load,
                 "op_times": [[op, [list(s) for s in shapes], dtype, dev, t]
                              for (op, shapes, dtype, dev), t in sorted(self.op_times.items())]}
 
@@ -86,7 +116,7 @@ class CalibrationRecord:
         return cls(fingerprint=d["fingerprint"], torch=d["torch"], sweep=d.get("sweep", {}),
                    comm_fits=[CommFit(**f) for f in d.get("comm_fits", [])],
                    firing_overhead=d.get("firing_overhead"), peaks=dict(d.get("peaks", {})),
-                   cores=d.get("cores"), op_times=ops)
+                   cores=d.get("cores"), op_times=ops, measured_at=d.get("measured_at"), load=d.get("load"))
 
 
 def load(path: Path, fp: dict, torch_version: str) -> tuple[CalibrationRecord | None, str | None]:
