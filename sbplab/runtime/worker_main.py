@@ -188,7 +188,7 @@ def _store(conn: Connection, init: dict):
 def _more_descriptors() -> None:
     """Raise the soft limit on open files to the hard one (at most 65536). Gloo's pair listener keeps each
     connection it accepts, and aborts the process when it runs out of descriptors: the higher limit makes
-    a flood of connections from a local stranger take much longer to do that (README, "Security")."""
+    a flood of connections from a local stranger take much longer to do that (README, "Trust")."""
     try:
         import resource
     except ImportError:  # not POSIX
@@ -202,16 +202,39 @@ def _more_descriptors() -> None:
             pass
 
 
-def _exit_with_parent(parent_pid: int) -> None:
+_PARENT: dict[str, object] = {}  # the spawning driver's pid and private directory, for the exits below
+
+
+def _exit_with_parent(parent_pid: int, private_dir: str | None) -> None:
     """A spawned worker lives in its own session (so Jupyter's SIGINT misses it); if the driver's process
     vanishes without closing the connection cleanly (killed while this rank waits in a rendezvous), the
-    worker must not outlive it."""
+    worker must not outlive it, nor leave the driver's private directory (socket, store) on disk."""
+    _PARENT.update(pid=parent_pid, dir=private_dir)
+
     def watch() -> None:
         while True:
             time.sleep(1.0)
             if os.getppid() != parent_pid:
-                os._exit(1)
+                _orphan_exit()
     threading.Thread(target=watch, name="sbplab-parent-watch", daemon=True).start()
+
+
+def _orphan_exit() -> None:
+    """Exit at once; if the driver that spawned this worker is gone (SIGKILLed: none of its clean-up ran),
+    delete its private directory first (any of its workers may; the first one does)."""
+    folder = _PARENT.get("dir")
+    deadline = time.monotonic() + 1.0  # a dying driver's sockets close before its children are reparented
+    while folder and os.getppid() == _PARENT.get("pid") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if folder and os.getppid() != _PARENT.get("pid"):
+        import shutil
+
+        try:
+            if os.path.basename(str(folder)).startswith("sbplab-") and os.stat(str(folder)).st_uid == os.getuid():
+                shutil.rmtree(str(folder), ignore_errors=True)
+        except OSError:
+            pass
+    os._exit(1)
 
 
 JOIN_TIMEOUT_S = 120.0  # how long a worker keeps trying to join a driver that is not there yet or busy
@@ -305,7 +328,7 @@ def worker_main(address: tuple[str, int] | str, token: bytes, rank: int | None =
     except (EOFError, ConnectionError, OSError, KeyboardInterrupt):
         # the driver went away (maybe mid-collective), or someone interrupted this worker: leave at once
         # rather than hang in teardown; the driver notices and starts a fresh worker on the next run
-        os._exit(1)
+        _orphan_exit()
     finally:
         try:
             import torch.distributed as dist
@@ -340,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     token = worker_token(args.token_file)
     _more_descriptors()
     if args.parent_pid is not None:
-        _exit_with_parent(args.parent_pid)
+        _exit_with_parent(args.parent_pid, os.path.dirname(address) if isinstance(address, str) else None)
     activity = None
     if args.activity_fd is not None:
         if args.rank is None:

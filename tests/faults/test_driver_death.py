@@ -23,6 +23,7 @@ GONE_S = 10.0
 
 # rank 0 computes (a long sleep), rank 1 waits for it in an all-reduce: one worker of each kind
 SCRIPT = """
+import os
 import sys
 import torch
 from sbplab import B, Placement
@@ -41,6 +42,7 @@ plan = ActorPlan.build(2, ranks, name="long")
 try:
     with LocalCluster(2) as c:
         print("PIDS", *c.pids, flush=True)
+        print("DIR", os.path.dirname(c.address), flush=True)
         c.run(plan, steps=1, progress=False, timeout=300.0)
 except KeyboardInterrupt:
     print("INTERRUPTED", flush=True)
@@ -48,7 +50,7 @@ except KeyboardInterrupt:
 """
 
 
-def _start_driver(tmp_path: Path) -> tuple[subprocess.Popen, list[int], Path]:
+def _start_driver(tmp_path: Path) -> tuple[subprocess.Popen, list[int], Path, str]:
     """A ``python -c`` driver whose run is underway: rank 0 is inside its kernel."""
     mark = tmp_path / "reached"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
@@ -57,13 +59,14 @@ def _start_driver(tmp_path: Path) -> tuple[subprocess.Popen, list[int], Path]:
     line = proc.stdout.readline()  # type: ignore[union-attr]
     assert line.startswith("PIDS"), line + proc.stderr.read()  # type: ignore[union-attr]
     pids = [int(p) for p in line.split()[1:]]
+    folder = proc.stdout.readline().split(maxsplit=1)[1].strip()  # type: ignore[union-attr]
     wait_until(mark.exists, 60, "the run reaching rank 0's kernel")
-    return proc, pids, mark
+    return proc, pids, mark, folder
 
 
 def test_workers_exit_when_their_driver_is_sigkilled(tmp_path):
-    proc, pids, _ = _start_driver(tmp_path)
-    assert not any(exited(p) for p in pids)
+    proc, pids, _, folder = _start_driver(tmp_path)
+    assert not any(exited(p) for p in pids) and os.path.isdir(folder)
     proc.kill()
     proc.wait(timeout=30)
     t0 = time.monotonic()
@@ -76,10 +79,12 @@ def test_workers_exit_when_their_driver_is_sigkilled(tmp_path):
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
     assert time.monotonic() - t0 < GONE_S
+    # the killed driver's private directory (its socket, the store) went with its last worker
+    wait_until(lambda: not os.path.exists(folder), GONE_S, "the workers deleting the driver's private directory")
 
 
 def test_ctrl_c_in_a_driver_script_interrupts_the_run_and_takes_every_worker_down(tmp_path):
-    proc, pids, _ = _start_driver(tmp_path)
+    proc, pids, _, folder = _start_driver(tmp_path)
     proc.send_signal(signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=GONE_S)
@@ -93,3 +98,4 @@ def test_ctrl_c_in_a_driver_script_interrupts_the_run_and_takes_every_worker_dow
     assert proc.returncode == 3 and "INTERRUPTED" in out, out + err
     assert "Traceback" not in err, err  # nothing else went wrong on the way out
     assert all(gone(p) for p in pids)  # killed and reaped by the driver itself, not left to init
+    assert not os.path.exists(folder)

@@ -1,0 +1,59 @@
+"""Threads: a second run on a busy cluster is refused as busy (the first goes on undisturbed), and a
+cluster closed from another thread ends its run with an error that says so, not a crash report."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from fault_helpers import Snapshot, check_dp_run, wait_until
+
+from sbplab import B, ClusterError, Placement, RunError
+from sbplab.runtime import ActorPlan, Collective, Compute, LocalCluster, Sink, State
+
+pytestmark = [pytest.mark.faults, pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+
+def _slow_plan(mark: str, ms: float) -> ActorPlan:
+    """Two ranks: each sleeps ``ms`` in a kernel, then they all-reduce."""
+    pl = Placement("cpu", [0, 1])
+    ranks = {r: [State("x", init=torch.ones(3)),
+                 Compute("f", op="fault_kernels:sleep_through", inputs=("x",), attrs={"mark": mark, "ms": ms}),
+                 Collective("ar", group=(0, 1), inputs=("f",)),
+                 Sink("out", inputs=("ar",), key="sum", placement=pl, sbp=(B,))] for r in (0, 1)}
+    return ActorPlan.build(2, ranks, name="slow")
+
+
+def test_a_second_run_from_another_thread_is_refused_as_busy(tmp_path):
+    with LocalCluster(2) as c:
+        check_dp_run(c)
+        mark = tmp_path / "reached"
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("res", c.run(_slow_plan(str(mark), 1500), steps=2,
+                                                                         progress=False, timeout=60)))
+        t.start()
+        wait_until(mark.exists, 60, "the first run reaching its kernel")
+        with pytest.raises(ClusterError, match="busy: another run is going"):
+            check_dp_run(c)
+        t.join(60)
+        assert [float(v[0]) for v in box["res"].outputs["sum"]] == [2.0, 2.0]  # the first run finished
+        check_dp_run(c)  # and the cluster takes the next one
+
+
+def test_close_from_another_thread_reads_as_a_close():
+    before = Snapshot.take()
+    c = LocalCluster(2)
+    check_dp_run(c)
+    pids, address = list(c.pids), c.address
+    import tempfile
+    from pathlib import Path
+
+    mark = Path(tempfile.mkdtemp()) / "reached"
+    closer = threading.Thread(target=lambda: (wait_until(mark.exists, 60, "the run reaching its kernel"), c.close()))
+    closer.start()
+    with pytest.raises(ClusterError, match="closed") as e:
+        c.run(_slow_plan(str(mark), 60_000), steps=1, progress=False, timeout=120)
+    closer.join(60)
+    assert not isinstance(e.value, RunError) and "close()" in str(e.value)
+    before.assert_clean(address, pids)
