@@ -29,7 +29,10 @@ MEASURE = """(sel) => {
     * t.getScreenCTM().a);
   const nodes = [...svg.querySelectorAll("g.node")].map((n) => n.getBoundingClientRect());
   const first = nodes.length ? nodes.reduce((a, b) => (b.top < a.top ? b : a)) : null;
+  const holder = view.closest("[data-natural-width]");
   return { left: r.left - box.left + view.scrollLeft, top: r.top - box.top + view.scrollTop, width: r.width,
+           height: r.height, maxH: parseFloat(getComputedStyle(view).maxHeight),
+           natural: +(svg.dataset.naturalWidth || (holder && holder.dataset.naturalWidth) || 0),
            box: view.clientWidth, minFont: Math.min(...fonts), scrollLeft: view.scrollLeft,
            firstShown: !first || (first.left >= box.left - 1 && first.right <= box.left + view.clientWidth + 1) };
 }"""
@@ -70,7 +73,9 @@ def test_gpt_physical_graph_in_a_notebook_cell(page):
     assert page.evaluate(MEASURE, ".sbplab-zoom-view")["width"] == pytest.approx(w0 * 1.25, rel=0.01)
     page.click("button[data-zoom=fit]")
     fit = page.evaluate(MEASURE, ".sbplab-zoom-view")
-    assert fit["width"] == pytest.approx(fit["box"], abs=1)  # the whole graph, text small: the person asked
+    # the whole graph, both ways (text small: the person asked): no wider than the box, no taller than it grows
+    assert fit["width"] <= fit["box"] + 1 and fit["height"] <= fit["maxH"] + 1
+    assert fit["width"] == pytest.approx(fit["box"], abs=1) or fit["height"] == pytest.approx(fit["maxH"] - 2, abs=2)
     page.click("button[data-zoom=reset]")
     assert page.evaluate(MEASURE, ".sbplab-zoom-view")["width"] == pytest.approx(w0, abs=1)
 
@@ -120,7 +125,8 @@ def test_model_builder_graph_starts_top_left_and_fills_its_box(page):
         _settle(page)
         got = page.evaluate(MEASURE, "[data-testid=logical-graph]")
         assert abs(got["left"]) <= 1 and abs(got["top"]) <= 1, model  # anchored at the box's top left
-        assert got["width"] >= got["box"] - 1, model  # fills the box's width
+        # fills the box's width, unless that would enlarge it: a small graph opens at its own size
+        assert got["width"] >= min(got["box"], got["natural"]) - 1 and got["width"] <= max(got["box"], got["natural"]) + 1
         assert got["minFont"] >= 9 - 0.01, model
         assert got["firstShown"], model  # the graph's first node is in view, not a blank corner
         w0 = got["width"]
@@ -130,3 +136,34 @@ def test_model_builder_graph_starts_top_left_and_fills_its_box(page):
         page.click("[data-testid=zoom-reset]")
         _settle(page)
         assert page.evaluate(MEASURE, "[data-testid=logical-graph]")["width"] == pytest.approx(w0, abs=1)
+
+
+def test_a_widget_and_a_notebook_picture_on_one_page(page):
+    """The widgets' stylesheet reaches nothing outside a widget: a notebook picture beside a widget keeps
+    its own zoom bar and width. Graphviz draws on the page's colours (no white sheet in a dark theme)."""
+    from sbplab.models import MLP, MLPConfig
+
+    m = MLP(MLPConfig(n_blocks=1))
+    (x,), y = m.example_batch(8)
+    c = sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.1), strategy=sl.presets.dp_tp((2, 2)))
+    css = (ROOT / "widgets" / "base.css").read_text()
+    widget = ('<div class="sbplab-widget"><div class="sbplab-zoombar" data-testid="graph-zoom">'
+              '<button>+</button><button>fit</button></div></div>')
+    dark = ":root { --jp-content-font-color1: rgb(230, 230, 230); } body { background: rgb(17, 17, 17); }"
+    page.set_content(f"<html><head><style>body {{ margin: 0 }} {JUPYTERLAB_SVG_RULE} {css} {dark}</style></head>"
+                     f"<body><div class='jp-RenderedHTMLCommon' style='width:900px'>{widget}"
+                     f"{physical_picture(c.physical, c.graph)._repr_html_()}</div></body></html>")
+    got = page.evaluate("""() => {
+      const pic = document.querySelector(".sbplab-zoom"), bar = pic.querySelector(".sbplab-zoom-bar");
+      const poly = pic.querySelector("svg g.graph > polygon"), edge = pic.querySelector("g.edge path");
+      return { display: getComputedStyle(pic).display, buttons: [...bar.querySelectorAll("button")].map(
+                 (b) => b.getBoundingClientRect().width), svg: pic.querySelector("svg").getBoundingClientRect().width,
+               view: pic.querySelector(".sbplab-zoom-view").clientWidth, bg: getComputedStyle(poly).fill,
+               edge: getComputedStyle(edge).stroke,
+               widgetBar: getComputedStyle(document.querySelector(".sbplab-zoombar")).display };
+    }""")
+    assert got["display"] != "flex" and got["widgetBar"] == "flex"  # each styled by its own rules
+    assert all(w < 60 for w in got["buttons"])  # the picture's buttons stay buttons, not 640-px bars
+    assert got["svg"] >= min(got["view"], 300)  # and its graph is not squeezed beside them
+    assert got["bg"] in ("transparent", "rgba(0, 0, 0, 0)", "none")  # no white sheet under the graph
+    assert got["edge"] == "rgb(230, 230, 230)"  # edges in the page's text colour (here a dark theme's)
