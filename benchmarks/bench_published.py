@@ -1,0 +1,105 @@
+"""Predicted against published: the three Megatron-LM rows of Narayanan et al. (SC21), Table 1, on the A100 preset.
+
+    .venv/bin/python benchmarks/bench_published.py [--rows 1.7B,3.6B,7.5B] [--micro-batch 4]
+
+Each row is run as Megatron ran it: a GPT with sequence 2048 and vocabulary 51200 (the model built on the
+meta device: compiling and simulating need shapes, not weights), data parallel over the GPUs left by
+tensor parallelism, global batch 512 with gradient accumulation over micro-batches, bf16 compute with fp32
+master weights, gradients and Adam states (``sl.Precision.mixed("bf16")``) and full activation
+recomputation, on ``sl.Machine.a100_cluster(GPUs / 8)`` (DGX A100 80GB, InfiniBand HDR).
+
+Throughput is counted as the paper counts it (its eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs per
+iteration, four forward passes with recomputation) over the predicted step time; the captured graph's
+own FLOPs (``Prediction.tflops_per_device(with_recompute=True)``) and PaLM's MFU (recomputation not
+counted) are printed beside it. Table 1 does not give the micro-batch size; ``--micro-batch`` sets it
+(default 4). Goal: each row within 10% of the published figure, each in under 60 s here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+import sbplab as sl
+from sbplab.models import GPT, GPTConfig
+from sbplab.sim.predict import plan_of, simulate_plan
+from sbplab.sim.step_pricing import pricing_of
+
+SEQ, VOCAB, GLOBAL_BATCH = 2048, 51200, 512
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of Table 1: model shape, tensor-parallel size, GPUs, published TFLOP/s per GPU."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    tp: int
+    gpus: int
+    published: float
+
+
+ROWS = (Row("1.7B", 24, 2304, 24, 1, 32, 137.0), Row("3.6B", 30, 3072, 32, 2, 64, 138.0),
+        Row("7.5B", 36, 4096, 32, 4, 128, 142.0))
+
+
+def megatron_flops(row: Row) -> float:
+    """FLOPs of one iteration with full recomputation, Narayanan et al. (SC21) eq. 3."""
+    B, s, L, h, V = GLOBAL_BATCH, SEQ, row.layers, row.hidden, VOCAB
+    return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def run(row: Row, micro_batch: int) -> dict[str, float]:
+    dp = row.gpus // row.tp
+    if GLOBAL_BATCH % (micro_batch * dp):
+        raise SystemExit(f"{row.name}: global batch {GLOBAL_BATCH} is not a multiple of micro-batch {micro_batch} "
+                         f"x data-parallel {dp}")
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=row.layers, n_head=row.heads,
+                              n_embd=row.hidden))
+    idx = torch.zeros(GLOBAL_BATCH, SEQ, dtype=torch.int64)
+    base = sl.presets.dp_tp((dp, row.tp)) if row.tp > 1 else sl.presets.data_parallel(dp)
+    strategy = replace(base, micro_batches=GLOBAL_BATCH // (micro_batch * dp), precision=sl.Precision.mixed("bf16"),
+                       recompute="full")
+    step = sl.compile(model, (idx,), loss_fn=GPT.loss_fn, target=idx, optimizer=sl.Adam(lr=1e-4), strategy=strategy)
+    t1 = time.perf_counter()
+    plan, batch, comm = plan_of(step)
+    pricing = pricing_of(step)
+    t2 = time.perf_counter()
+    machine = sl.Machine.a100_cluster(row.gpus // 8)
+    pred = simulate_plan(plan, machine, steps=2, batch=batch, comm=comm, pricing=pricing)
+    t3 = time.perf_counter()
+    return {"step": pred.step_time, "tflops": megatron_flops(row) / pred.step_time / row.gpus / 1e12,
+            "graph": pred.tflops_per_device(with_recompute=True) or 0.0, "mfu": pred.mfu or 0.0,
+            "tokens": pred.tokens_per_second or 0.0, "M": plan.micro_batches, "classes": len(pred.classes),
+            "compile": t1 - t0, "lower": t2 - t1, "simulate": t3 - t2, "total": t3 - t0,
+            "comm": pred.breakdown[0]["exposed communication"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(r.name for r in ROWS))
+    ap.add_argument("--micro-batch", type=int, default=4)
+    args = ap.parse_args()
+    rows = [r for r in ROWS if r.name in args.rows.split(",")]
+    print(f"Megatron-LM (Narayanan et al., SC21) Table 1 on sl.Machine.a100_cluster: seq {SEQ}, vocab {VOCAB}, "
+          f"global batch {GLOBAL_BATCH}, micro-batch {args.micro_batch}, bf16 + fp32 master, full recomputation")
+    print(f"{'row':>5} {'GPUs':>4} {'TP':>2} {'M':>2} {'step s':>7} {'pred TF/GPU':>11} {'published':>9} {'ratio':>6} "
+          f"{'graph TF':>8} {'MFU':>6} {'tokens/s':>9} {'exp.comm s':>10} {'compile s':>9} {'lower s':>7} "
+          f"{'sim s':>6} {'total s':>7}")
+    for row in rows:
+        r = run(row, args.micro_batch)
+        print(f"{row.name:>5} {row.gpus:>4} {row.tp:>2} {r['M']:>2} {r['step']:>7.3f} {r['tflops']:>11.1f} "
+              f"{row.published:>9.0f} {r['tflops'] / row.published:>6.3f} {r['graph']:>8.1f} {r['mfu']:>6.1%} "
+              f"{r['tokens']:>9,.0f} {r['comm']:>10.3f} {r['compile']:>9.1f} {r['lower']:>7.1f} {r['simulate']:>6.1f} "
+              f"{r['total']:>7.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
