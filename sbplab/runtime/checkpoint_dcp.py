@@ -16,6 +16,7 @@ files, resharding on read) is DCP's own.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -115,8 +116,10 @@ def write_blocks(path: str | os.PathLike, values: Mapping[str, torch.Tensor], bl
     of its own). values: State name -> local value."""
     state = {b.key: values[b.name] for b in blocks}
     state[STEPS_KEY] = torch.tensor(steps, dtype=torch.int64)
-    dcp_save(state, storage_writer=FileSystemWriter(os.fspath(path)), planner=_BlockSavePlanner(
-        {b.key: b for b in blocks}))
+    with warnings.catch_warnings():  # "Detected an existing checkpoint ... overwriting": as documented
+        warnings.filterwarnings("ignore", "Detected an existing checkpoint", UserWarning)
+        dcp_save(state, storage_writer=FileSystemWriter(os.fspath(path), overwrite=True),
+                 planner=_BlockSavePlanner({b.key: b for b in blocks}))
 
 
 def read_blocks(path: str | os.PathLike, blocks: list[Block], device: torch.device) -> tuple[dict, int]:
