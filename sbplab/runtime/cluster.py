@@ -321,7 +321,8 @@ class LocalCluster:
                     if user is not None:
                         user(start + s, steps, loss)
 
-                chunk = dataclasses.replace(opts, steps=n, progress=False, on_step=report)
+                last = start + n == steps  # the global parameters are assembled for the result only
+                chunk = dataclasses.replace(opts, steps=n, progress=False, on_step=report, params=opts.params and last)
                 parts.append(self._run_kept(step, plan, chunk_batches(batches, start, n), chunk, folder))
                 if folder is not None:
                     self._save(step, folder / f"step-{self._state.steps(step):08d}")
