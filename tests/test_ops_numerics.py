@@ -220,7 +220,7 @@ def test_every_registered_op_has_a_family():
     covered = {"add", "sub", "mul", "div", "neg", "relu", "gelu", "tanh", "exp", "sum", "mean", "max",
                "min", "softmax", "log_softmax", "layer_norm", "matmul", "linear", "embedding", "gather",
                "cross_entropy", "transpose", "permute", "reshape", "view", "concat", "slice", "conv2d"}
-    training = ("sbplab.ops.grad_ops", "sbplab.ops.grad_ops_nn", "sbplab.ops.optim_ops")
+    training = ("sbplab.ops.grad_ops", "sbplab.ops.grad_ops_nn", "sbplab.ops.optim_ops", "sbplab.ops.control")
     aten = "sbplab.ops.aten.opdef"
     library = {n for n, op in REGISTRY.items()
                if op.kernel.__module__.startswith("sbplab.ops") and op.kernel.__module__ not in (*training, aten)}

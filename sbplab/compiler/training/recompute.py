@@ -22,7 +22,9 @@ are exactly those of the run without recomputation.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...gc_pause import without_gc
@@ -149,15 +151,19 @@ def apply_recompute(g: Graph, mode: str) -> RecomputeReport:
                 continue
             for o in op.outputs:
                 back = [c for c in g.consumers(o) if c.phase == "backward"]
-                if back:
+                kept = any(c.phase == "forward" and c.name not in inside for c in g.consumers(o))
+                if back and not kept:  # a region's output is the next one's input: it stays saved
                     readers[o] = back
         if not readers:
             continue
+        first = min(position[c.name] for cs in readers.values() for c in cs)
+        token = _token(g, first)
         clones: dict[str, str] = {}  # forward tensor -> its recomputed twin
         made: list[OpNode] = []
+        gated: dict[str, str] = {}  # tensor the region reads from outside -> the same, after ``token``
+        gate = functools.partial(_gate, g, token=token, gated=gated, made=made)
         for t in readers:
-            _clone_to(g, t, inside, clones, made)
-        first = min(position[c.name] for cs in readers.values() for c in cs)
+            _clone_to(g, t, inside, clones, made, gate)
         _move_before(g, made, first)
         position = {op.name: k for k, op in enumerate(g.ops)}
         for t, cs in readers.items():
@@ -167,14 +173,33 @@ def apply_recompute(g: Graph, mode: str) -> RecomputeReport:
                     g.tensors[clones[t]].consumers.append(c.name)
                 c.inputs = [clones[t] if i == t else i for i in c.inputs]
             report.freed.append(t)
-        report.regions[key] = [op.forward_op for op in made]
+        report.regions[key] = [op.forward_op for op in made if op.forward_op]
     g.validate()
     return report
 
 
-def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], made: list[OpNode]) -> str:
+def _token(g: Graph, index: int) -> str:
+    """A backward tensor made just before op ``index``: what the region's recomputation waits for."""
+    for op in reversed(g.ops[:index]):
+        if op.phase == "backward":
+            return op.outputs[0]
+    raise ValueError(f"no backward op before op {index}: nothing to order the recomputation after")
+
+
+def _gate(g: Graph, x: str, token: str, gated: dict[str, str], made: list[OpNode]) -> str:
+    """``x`` read through ``after(x, token)`` (once per region): the clones fire in the backward."""
+    if x not in gated:
+        t = g.tensors[x]
+        node = g.add_op("after", [x, token], name=f"{x}.after", phase="backward", module=t.module)
+        made.append(node)
+        gated[x] = node.outputs[0]
+    return gated[x]
+
+
+def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], made: list[OpNode],
+              gate: Callable[[str], str]) -> str:
     """The recomputed twin of ``tensor``, cloning its producer (and, first, the producers of its
-    inputs) while they are in the region; anything made outside the region is read as it is."""
+    inputs) while they are in the region; anything made outside the region is read through ``gate``."""
     if tensor in clones:
         return clones[tensor]
     op = g.producer(tensor)
@@ -191,7 +216,8 @@ def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], m
         stack.pop()
         if cur.outputs[0] in clones:
             continue
-        node = g.add_op(cur.type, [clones.get(i, i) for i in cur.inputs], cur.attrs, name=cur.name + SUFFIX,
+        node = g.add_op(cur.type, [clones[i] if i in clones else gate(i) for i in cur.inputs], cur.attrs,
+                        name=cur.name + SUFFIX,
                         out_names=[o + SUFFIX for o in cur.outputs], phase="backward", module=cur.module,
                         source=cur.source, forward_op=cur.name)
         made.append(node)
