@@ -41,6 +41,12 @@ step4 = sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, strategy
 cluster = sl.LocalCluster(2, launch="external", start_timeout=1.0)  # no workers: these errors come first
 closed = sl.LocalCluster(1, launch="external")
 closed.close()
+def mistyped_worker(c, rank):  # what a worker started with a wrong $SBPLAB_TOKEN does, then exits
+    from sbplab.runtime.worker_main import connect
+    try:
+        connect(c.address, b"not the cluster's token", rank, timeout=5)
+    except SystemExit:
+        pass
 """
 
 # (section, bad input, code, expected error class, words the message must contain)
@@ -163,6 +169,9 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "ClusterError", ("cannot listen", "'no-such-host.invalid'", "does not resolve")),
     ("Clusters", "an address of another machine", 'sl.LocalCluster(1, launch="external", host="192.0.2.1", '
      'token=secrets.token_urlsafe(32))', "ClusterError", ("cannot listen", "'192.0.2.1'", "no such address")),
+    ("Clusters", "a worker with a mistyped token",
+     'c = sl.LocalCluster(2, launch="external"); mistyped_worker(c, 0); c.wait_ready(timeout=1)', "RunError",
+     ("only 0 of 2 workers joined", "worker rank 0 presented a wrong token", "1 connection failed to authenticate")),
     ("Running a compiled step", "timeout=0", "cluster.run(step, batch, timeout=0)", "InputError",
      ("timeout", "> 0", "got 0")),
     ("Running a compiled step", "timeout=-1", "cluster.run(step, batch, timeout=-1)", "InputError",
@@ -419,3 +428,38 @@ def test_ipv6_loopback_needs_no_token(live):
     assert isinstance(live.token, str) and len(live.token) >= 32  # a random one, made for this cluster
     with pytest.raises(sl.SbplabError, match="not loopback.*needs a shared token"):
         sl.LocalCluster(2, host="::")
+
+
+@pytest.mark.multiprocess
+def test_inputs_that_require_grad_are_data_to_the_workers(live, small_step):
+    """A batch made with requires_grad=True (or a view of one) trains like a plain one, without a respawn:
+    the workers' kernels write into preallocated outputs, which autograd would refuse."""
+    step, model, inp, target, opt = small_step
+    live.run(step, (inp, target), steps=1, progress=False)  # workers up before the pids are taken
+    pids = live.pids
+    x = inp.clone().requires_grad_(True)
+    result = live.run(step, (x * 1.0, target), steps=2, progress=False, restart=True)
+    want, _ = torch_steps(model, (inp,), target, model.loss_fn, opt, 2)
+    assert result.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
+    assert live.alive and live.pids == pids and x.grad is None
+
+
+class _DataDependent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        if x.sum() > 0:  # the value of a tensor decides: no graph can hold both branches
+            return self.lin(x)
+        return self.lin(-x)
+
+
+def test_data_dependent_control_flow_is_named_with_its_source_line(small_step):
+    _, model, inp, target, _ = small_step
+    with pytest.raises(sl.CaptureError) as e:
+        sl.compile(_DataDependent(), (inp,), loss_fn=model.loss_fn, target=target,
+                   strategy=sl.presets.data_parallel(2))
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "if x.sum() > 0:" in text)
+    assert f"test_bad_inputs.py:{line}" in str(e.value) and "if x.sum() > 0" in str(e.value)
+    assert "torch.where" in str(e.value) and "torch.cond" in str(e.value)

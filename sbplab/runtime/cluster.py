@@ -12,7 +12,7 @@ or ``token=``), checked both ways by an HMAC-SHA256 challenge (``handshake``, ``
 in a thread of its own per connection, bounded in time, size and per peer, before anything is unpickled.
 A spawned cluster keeps everything in a private directory (mode 0700, deleted on close): the driver
 listens on a Unix socket there and the workers meet in a ``FileStore`` there, so other local users reach
-neither; only Gloo's pair listeners (loopback) stay on TCP (README, "Security"). ``launch="external"``
+neither; only Gloo's pair listeners (loopback) stay on TCP (README, "Trust"). ``launch="external"``
 (and a spawned cluster given ``host=``) listens on TCP, 127.0.0.1 unless ``host=`` names another
 address, which also needs an explicit ``token=`` of at least 128 bits. Spawned workers get the token in
 their environment, never on the command line. Workers of other machines join with
@@ -27,8 +27,10 @@ half-finished collective would leave the process groups out of step); a worker t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import errno
 import functools
 import ipaddress
 import os
@@ -187,6 +189,8 @@ class LocalCluster:
                 self._procs.append(spawn_worker(self.address, self._token, r, self._board.fd))
             self._starts += 1  # a fresh store file per start: nothing of an earlier start's keys is read
             store = os.path.join(self._dir, f"store-{self._starts}")  # type: ignore[arg-type]
+            with contextlib.suppress(OSError):  # the last start's file, left by workers that were killed
+                os.unlink(os.path.join(self._dir, f"store-{self._starts - 1}"))  # type: ignore[arg-type]
             self.driver = Driver(self.address, self._incoming, self.n, self.device_type, "file", self._threads,
                                  self._procs, self._slots, store_path=store, auth_report=self._acceptor.report)
             self.driver.connect(self._start_timeout)
@@ -554,15 +558,17 @@ def _listen_tcp(host: str, port: int, backlog: int) -> socket.socket:
     a ClusterError naming host and port."""
     try:
         return listen_socket(host, port, backlog)
-    except socket.gaierror as e:
-        raise ClusterError(f"cannot listen on host {host!r}, port {port}: the host name does not resolve "
-                          f"({e.strerror}); give an IP address or a name of this machine") from None
     except OSError as e:
-        why = {98: "the port is in use (another program, or another cluster, listens there); port=0 picks a "
-                   "free one", 99: "this machine has no such address; give one of its own addresses "
-                   "(127.0.0.1, or 0.0.0.0 for all)", 13: "permission denied (ports below 1024 need root)"}
+        if isinstance(e, socket.gaierror) or (e.errno or 0) < 0:  # create_server re-raises getaddrinfo's EAI_*
+            raise ClusterError(f"cannot listen on host {host!r}, port {port}: the host name does not resolve "
+                               "here; give an IP address or a name of this machine") from None
+        reasons = {errno.EADDRINUSE: "the port is in use (another program, or another cluster, listens there); "
+                                     "port=0 picks a free one",
+                   errno.EADDRNOTAVAIL: "this machine has no such address; give one of its own addresses "
+                                        "(127.0.0.1, or 0.0.0.0 for all)",
+                   errno.EACCES: "permission denied (ports below 1024 need root)"}
         raise ClusterError(f"cannot listen on host {host!r}, port {port}: "
-                          f"{why.get(e.errno or 0, e.strerror or str(e))}") from None
+                           f"{reasons.get(e.errno or 0, e.strerror or str(e))}") from None
 
 
 def _interactive() -> bool:

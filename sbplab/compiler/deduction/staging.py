@@ -15,6 +15,7 @@ prices boxing on (``Hardware.cpu_box()`` by default).
 
 from __future__ import annotations
 
+from ...errors import InputError
 from ...hardware import Hardware
 from ...layout import numel
 from ...ops.registry import get_op
@@ -48,6 +49,7 @@ def forward_stages(graph: Graph, strategy: Strategy, hardware: Hardware | None =
     out: dict[str, int] = {}
     if n == 1:
         return {op.name: 0 for op in fwd}
+    _check_stages(fwd, strategy)
     if strategy.stage_of:
         for op in fwd:
             s = _explicit_stage(strategy, op.module)
@@ -59,6 +61,22 @@ def forward_stages(graph: Graph, strategy: Strategy, hardware: Hardware | None =
     for s, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(fwd)])):
         out.update((op.name, s) for op in fwd[a:b])
     return out
+
+
+def _check_stages(fwd: list[OpNode], strategy: Strategy) -> None:
+    """Refuse, before any cut is searched, more stages than forward ops and ``stage_of`` prefixes that
+    name no module of the model (a typo would otherwise silently leave the balanced cut in place)."""
+    n = strategy.n_stages
+    modules = list(dict.fromkeys(op.module for op in fwd if op.module))
+    if n > len(fwd):
+        raise InputError(f"a pipeline of {n} stages needs at least one forward op per stage, but this model's "
+                         f"forward has {len(fwd)} ops (modules: {', '.join(modules[:12]) or 'none'}); use at most "
+                         f"{len(fwd)} stages")
+    for prefix in strategy.stage_of:
+        if prefix and not any(m == prefix or m.startswith(prefix + ".") for m in modules):
+            tops = list(dict.fromkeys(m.split(".")[0] for m in modules))
+            raise InputError(f"stage_of names {prefix!r}, which is no module of this model; module prefixes are "
+                             f"{', '.join(tops[:20])} (and their children, e.g. {modules[0] if modules else '-'!r})")
 
 
 def _cuts(graph: Graph, fwd: list[OpNode], n: int, hw: Hardware) -> list[int]:
