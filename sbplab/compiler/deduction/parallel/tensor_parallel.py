@@ -180,16 +180,21 @@ def _pair_hints(ctx: _Ctx, pairing: Pairing) -> list[Hint]:
         x = op.inputs[u.data]
         if graph.input_grads:  # the fx path's autodiff records each op's input gradients
             what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
-            _hint(escape(op.name), [op.name], ctx.between_blocks(x), f"Megatron f: the input's gradient is {what}",
-                  out, input_grad=u.data)
+            _hint(_glob_for(op.name, pairing.column), [op.name], ctx.between_blocks(x),
+                  f"Megatron f: the input's gradient is {what}", out, input_grad=u.data)
         if ctx.sequence_parallel:
             _hint(escape(x), [x], ctx.whole(), "sequence parallel: the column input all-gathered", out, use=True)
     for op in rows:
         o = op.outputs[0]
         why = "sequence parallel: the output reduce-scattered over the sequence" if ctx.sequence_parallel \
             else "Megatron g: the output is all-reduced"
-        _hint(escape(o), [o], ctx.between_blocks(o), why, out, role="activation")
+        _hint(_glob_for(o, pairing.row), [o], ctx.between_blocks(o), why, out, role="activation")
     return out
+
+
+def _glob_for(name: str, globs: tuple[str, ...]) -> str:
+    """The glob that nominated ``name`` (so reports quote what a user would write), else the exact name."""
+    return next((g for g in globs if fnmatch.fnmatchcase(name, g)), escape(name))
 
 
 def _embedding_parts(op: OpNode) -> tuple[str, str]:
