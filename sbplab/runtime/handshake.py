@@ -68,17 +68,24 @@ def driver_side(conn: Connection, token: bytes, nonce_w: bytes) -> None:
     conn.send_bytes(WELCOME + _mac(token, b"driver", nonce_d, nonce_w))
 
 
-def worker_side(conn: Connection, token: bytes, rank: int) -> None:
+def _recv_within(conn: Connection, timeout: float) -> bytes:
+    if not conn.poll(timeout):
+        raise TimeoutError(f"no answer from the driver within {timeout:.0f} s")
+    return conn.recv_bytes(_MAX_MSG)
+
+
+def worker_side(conn: Connection, token: bytes, rank: int, timeout: float = 30.0) -> None:
     """Join as ``rank`` (-1: unknown yet); WrongTokenError if the driver refuses our token or cannot
-    prove it holds it. EOFError/OSError: the driver dropped us before a verdict (busy): try again."""
+    prove it holds it. EOFError/OSError (TimeoutError after ``timeout`` s per answer): the driver dropped
+    us before a verdict, or is slow: try again."""
     nonce_w = os.urandom(NONCE_BYTES)
     conn.send_bytes(MAGIC + struct.pack("!q", rank) + nonce_w)
-    msg = conn.recv_bytes(_MAX_MSG)
+    msg = _recv_within(conn, timeout)
     if not msg.startswith(CHALLENGE) or len(msg) != len(CHALLENGE) + NONCE_BYTES:
         raise WrongTokenError("the peer at the driver's address is not an sbplab driver")
     nonce_d = msg[len(CHALLENGE):]
     conn.send_bytes(_mac(token, b"worker", nonce_w, nonce_d))
-    verdict = conn.recv_bytes(_MAX_MSG)
+    verdict = _recv_within(conn, timeout)
     if verdict == REFUSED:
         raise WrongTokenError("the driver refused this worker's token")
     if not (verdict.startswith(WELCOME) and hmac.compare_digest(

@@ -248,7 +248,9 @@ def _open(address: tuple[str, int] | str) -> Connection:
     if isinstance(address, str):  # a spawned cluster's Unix socket
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            s.settimeout(10)  # a full backlog (a flood) blocks a Unix connect: give up and try again
             s.connect(address)
+            s.settimeout(None)
         except BaseException:
             s.close()
             raise
