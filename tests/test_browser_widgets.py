@@ -59,7 +59,8 @@ NOTEBOOKS = {
                      "s"),
     "all.ipynb": ("import sbplab as sl\n"
                   "from IPython.display import display\n"
-                  "from sbplab.widgets import ModelBuilder, RunPanel, SbpPlayground, StrategyEditor\n"
+                  "from sbplab.viz import physical_picture\n"
+                  "from sbplab.widgets import ModelBuilder, RunPanel, SbpPlayground, SearchPanel, StrategyEditor\n"
                   "b = ModelBuilder('mlp', n_blocks=1)\n"
                   "e = StrategyEditor(b, preset='dp_tp', mesh=(2, 2))\n"
                   "e.selected_op = e.ops[0]['name']\n"
@@ -67,7 +68,12 @@ NOTEBOOKS = {
                   "p = SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp='S(0), B', target='B, B')\n"
                   "bad = SbpPlayground(shape=(8, 6), mesh=(2, 2), sbp='S(0), B', target='B, B')\n"
                   "bad.shape_text = '8, x'\n"
-                  "display(b, e, RunPanel(e, steps=2, backend='in-process'), p, bad)"),
+                  "s = SearchPanel(b, hardware='cpu_box', devices=2, method='cd')\n"
+                  "s.search()  # its table shows the searched row highlighted\n"
+                  "wide = SbpPlayground(shape=(16, 16), mesh=(4, 4), sbp='S(0), S(1)', target='B, B')\n"
+                  "e16 = StrategyEditor(ModelBuilder('mlp', n_blocks=1), preset='dp', mesh=(16,))  # 16 ranks\n"
+                  "display(b, e, RunPanel(e, steps=2, backend='in-process'), p, bad, s, wide, e16)\n"
+                  "physical_picture(e.compiled.physical, e.compiled.graph)  # a notebook picture beside them"),
 }
 
 
@@ -279,29 +285,75 @@ CONTRAST_JS = """(root) => {
 }"""
 
 
+# the rendered size of every text a person reads: CSS pixels for HTML, font size times the SVG's scale for SVG
+FONT_JS = """(root) => {
+  const out = [];
+  for (const el of root.querySelectorAll("*")) {
+    if (el.closest("option") || !el.getClientRects().length) continue;
+    if (![...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+    let px = parseFloat(getComputedStyle(el).fontSize);
+    if (el instanceof SVGElement && el.getScreenCTM()) { const m = el.getScreenCTM(); px *= Math.hypot(m.a, m.b); }
+    out.push({ text: el.textContent.trim().slice(0, 30), px });
+  }
+  return out;
+}"""
+
+# a notebook picture (sbplab.viz.zoom_box) beside the widgets: its own layout, and graphviz on the theme's page
+PICTURE_JS = """() => {
+  const pic = [...document.querySelectorAll(".jp-OutputArea-output .sbplab-zoom")].find((p) => !p.closest(".sbplab-widget"));
+  const svg = pic.querySelector("svg"), view = pic.querySelector(".sbplab-zoom-view");
+  const lum = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number).reduce((a, v) => a + v, 0) / 765;
+  return { display: getComputedStyle(pic).display, svg: svg.getBoundingClientRect().width, view: view.clientWidth,
+           buttons: [...pic.querySelectorAll(".sbplab-zoom-bar button")].map((b) => b.getBoundingClientRect().width),
+           sheet: getComputedStyle(svg.querySelector("g.graph > polygon")).fill,
+           ink: lum(getComputedStyle(svg.querySelector("g.edge path")).stroke) };
+}"""
+
+
 @pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
 def test_widgets_are_readable_in_light_and_dark_themes(jupyter_lab, theme):
+    """Every widget, in every state the test drives (a run's results, then stale under a changed strategy,
+    a search's highlighted row, an error, 16 ranks), keeps 4.5:1 contrast and text of 9 px or more; a
+    notebook picture on the same page keeps its own layout."""
     from playwright.sync_api import expect
 
     light = theme.endswith("Light")
     shot = f"all_widgets_{'light' if light else 'dark'}.png"
     with notebook_page(jupyter_lab, "all.ipynb", shot, height=1600) as page:
-        expect(page.locator(".sbplab-widget")).to_have_count(5, timeout=90_000)
-        expect(page.get_by_test_id("summary")).to_contain_text("all_reduce", timeout=90_000)
-        expect(page.get_by_test_id("error-message").last).to_contain_text("'x' is not a whole number")
+        expect(page.locator(".sbplab-widget")).to_have_count(8, timeout=120_000)
+        editor, run = page.locator(".sbplab-se").first, page.locator(".sbplab-rp")
+        expect(editor.get_by_test_id("summary")).to_contain_text("all_reduce", timeout=90_000)
+        expect(page.locator(".sbplab-pg").nth(1).get_by_test_id("error-message")).to_contain_text(
+            "'x' is not a whole number")
+        expect(page.locator(".sbplab-sp tr.searched")).to_have_count(1, timeout=90_000)
+        run.get_by_test_id("run-button").click()  # in-process: losses beside torch's
+        expect(run.get_by_test_id("check")).to_contain_text("matches single-device PyTorch", timeout=90_000)
+        expect(run.get_by_test_id("stale-note")).to_be_hidden()
+        editor.get_by_test_id("preset-select").select_option("dp")  # the results are now of another strategy
+        expect(run.get_by_test_id("stale-note")).to_contain_text("before the strategy changed", timeout=60_000)
+        expect(run.get_by_test_id("loss-table")).to_be_visible()
         page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
         page.wait_for_function(f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=30_000)
         page.wait_for_timeout(500)  # the theme's variables apply on the next frame
-        checked, weak = 0, []
+        checked, weak, small = 0, [], []
         for root in page.locator(".sbplab-widget").all():
             for r in root.evaluate(CONTRAST_JS):
                 checked += 1
                 if r["ratio"] < 4.5:
                     weak.append(r)
+            small += [f for f in root.evaluate(FONT_JS) if f["px"] < 9 - 0.01]
         assert checked > 100, checked
         assert not weak, f"{len(weak)} of {checked} texts below 4.5:1 in {theme}: {weak[:8]}"
-        for cls, name in ((".sbplab-mb", "model_builder"), (".sbplab-se", "strategy_editor"),
-                          (".sbplab-rp", "run_panel"), (".sbplab-pg >> nth=1", "sbp_playground_error")):
+        assert not small, f"{len(small)} texts under 9 px (16 ranks included): {small[:8]}"
+        pic = page.evaluate(PICTURE_JS)
+        assert pic["display"] != "flex" and all(w < 60 for w in pic["buttons"]), pic  # the widgets' CSS stays home
+        assert pic["svg"] >= min(pic["view"], 300), pic
+        assert pic["sheet"] in ("transparent", "rgba(0, 0, 0, 0)", "none"), pic  # no white sheet
+        assert (pic["ink"] < 0.5) == light, pic  # edges in the theme's text colour
+        for cls, name in ((".sbplab-mb", "model_builder"), (".sbplab-se >> nth=0", "strategy_editor"),
+                          (".sbplab-rp", "run_panel"), (".sbplab-pg >> nth=1", "sbp_playground_error"),
+                          (".sbplab-sp", "search_panel_result"), (".sbplab-pg >> nth=2", "sbp_playground_16"),
+                          (".sbplab-se >> nth=1", "strategy_editor_16")):
             page.locator(cls).evaluate("el => el.scrollIntoView({block: 'start'})")
             page.screenshot(path=str(SCREENSHOT_DIR / f"{name}_{shot.split('_')[-1]}"))
     assert (SCREENSHOT_DIR / shot).stat().st_size > 10_000

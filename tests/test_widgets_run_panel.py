@@ -93,7 +93,7 @@ def test_bad_runs_are_messages(editor):
     assert p.error == "backend 'gpu-farm': pick one of workers, in-process"
     p.backend = "in-process"
     editor.mesh_text = "2, x"
-    assert p.strategy_name == "" and "the strategy has an error" in p.note
+    assert p.strategy_name == "" and "the strategy has an error" in p.note and not p.stale  # nothing ran yet
     p.run()
     assert p.status == "failed" and "the strategy has an error, nothing to run" in p.error and "'x'" in p.error
     editor.mesh_text = "4"
@@ -103,6 +103,9 @@ def test_bad_runs_are_messages(editor):
     editor.preset = "zero3"
     assert p.stale and p.strategy_name == "ZeRO-3 x4"
     assert p.ran_for == "data parallel x4 on 4 rank(s)" and p.loss_rows  # the page names what the results are of
+    editor.mesh_text = "4, x"
+    assert p.stale and p.strategy_name == ""  # an editor in error: the results are not of what it shows either
+    editor.mesh_text = "4"
     with pytest.raises(TypeError, match="needs a StrategyEditor or a Compiled"):
         RunPanel("dp")
     with pytest.raises(TypeError, match="needs the BuiltModel and the optimizer"):

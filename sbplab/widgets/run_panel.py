@@ -180,6 +180,7 @@ class RunPanel(SbplabWidget):
         except ValueError as e:
             self.strategy_name, self.ranks = "", 0
             self.note = str(e)
+            self.stale = self._ran_version != -1  # results shown are of a strategy the editor no longer has
             return
         self.note = ""
         self.strategy_name, self.ranks = c.strategy.name, max(c.physical.ranks) + 1
