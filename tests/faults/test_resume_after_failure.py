@@ -1,4 +1,4 @@
-"""A failure loses nothing already kept: a worker SIGKILLed (or stopped, so the run hangs) in step 15 of
+"""A failure loses nothing already kept: a worker SIGKILLed, stopped (the run hangs) or raising in step 15 of
 a 30-step run with ``checkpoint_every=5`` leaves the state after step 10 on the driver; the RunError
 says so, and the next run, on fresh workers, trains on exactly like the run that never failed (the
 same holds at any length: 200 steps, killed at step 54 with checkpoint_every=10, keep step 50)."""
@@ -28,21 +28,25 @@ def setup():
         yield cluster, step, (x, y), whole
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "hang"])
+@pytest.mark.parametrize("how", ["sigkill", "hang", "raise"])
 def test_a_failure_in_step_15_keeps_step_10_and_the_next_run_continues_from_it(setup, how):
     cluster, step, batch, whole = setup
     seen = []
 
     def strike(s, steps, loss):
         seen.append(s)
-        if s == 13:  # 14 steps done on every rank: rank 1 dies (or stops) in step 15 or 16
-            os.kill(cluster.pids[1], how)
+        if s == 13 and how != "raise":  # 14 steps done on every rank: rank 1 dies (or stops) in step 15 or 16
+            os.kill(cluster.pids[1], signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
 
+    x, y = batch
+    bad = y.clone()
+    bad[-1] = 100  # a class index out of range: rank 1's cross-entropy raises in step 15
+    batches = [(x, bad if s == 14 and how == "raise" else y) for s in range(30)]
     with pytest.raises(sl.RunError) as err:
-        cluster.run(step, batch, steps=30, progress=False, restart=True, checkpoint_every=5, on_step=strike,
+        cluster.run(step, batches, steps=30, progress=False, restart=True, checkpoint_every=5, on_step=strike,
                     timeout=1.0)
     e = err.value
-    assert e.kind == ("died" if how == signal.SIGKILL else "hang")
+    assert e.kind == {"sigkill": "died", "hang": "hang", "raise": "exception"}[how]
     assert e.kept_step == 10 and "The state after step 10 is kept (on the driver)" in str(e)
     assert seen == list(range(14))  # on_step counts over the whole run; step 15 never finished
     rest = cluster.run(step, batch, steps=20, progress=False)  # fresh workers, from the driver's copy
