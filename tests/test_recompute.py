@@ -96,3 +96,18 @@ def test_workers_recompute_in_the_backward_and_train_like_torch(dp_steps):
                 assert again, (step.strategy, rank)  # the clones fired
                 # ... after the forward: recomputed in the backward, not kept from the forward
                 assert min(e.start for e in again) >= max(e.end for e in forward) - 1e-3
+
+
+def test_training_options_list_what_changes_something(dp_steps):
+    from sbplab.compiler.training.options import training_options, with_options
+
+    gpt = training_options(dp_steps["none"].graph)
+    assert ("full" in {m for _, m in gpt}) and ("selective" in {m for _, m in gpt})
+    assert gpt[0] == (sl.Precision(), "none") and {p for p, _ in gpt} == {sl.Precision(), sl.Precision.mixed()}
+    torch.manual_seed(0)
+    mlp = sl.models.MLP(sl.models.MLPConfig(in_dim=8, width=8, hidden=16, n_blocks=2, n_classes=4))
+    (x,), y = mlp.example_batch(8)
+    g = sl.compile(mlp, (x,), loss_fn=mlp.loss_fn, target=y).graph
+    assert {m for _, m in training_options(g)} == {"none", "full"}  # blocks, but no attention
+    s = with_options(sl.presets.data_parallel(2), sl.Precision.mixed(), "full")
+    assert s.recompute == "full" and s.precision.compute == "bf16" and "bf16" in s.name and "full" in s.name
