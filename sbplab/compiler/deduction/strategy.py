@@ -102,7 +102,11 @@ class Strategy:
     update ops follow their forward op. ``micro_batches`` splits each step's batch. ``signatures``
     are the ops told which signature to take (``signature``). ``bucket_mb``: parameter gradients of
     one group are reduced in buckets of about this many MiB, as DDP does (its default); 0 reduces
-    each gradient on its own.
+    each gradient on its own. ``micro_batches`` without ``stages`` is gradient accumulation.
+    ``precision`` (``sl.Precision.mixed("bf16")``: bf16 compute under torch.autocast, fp32 master
+    weights, gradients and optimizer states) and ``recompute`` ("full": each layer's forward rerun in
+    its backward; "selective": attention cores) change the graph the runtime executes
+    (``compiler/training/precision_pass.py``, ``recompute.py``).
     """
 
     placement: Placement
