@@ -55,29 +55,40 @@ def torch_steps(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, los
         divided by M before ``backward``; the step's loss is the mean of theirs.
     """
     precision = precision or Precision()
-    m = copy.deepcopy(model).to(DTYPES[precision.master])
+    mixed = precision != Precision()
+    m = copy.deepcopy(model)
+    if mixed:
+        m = m.to(DTYPES[precision.master])
     opt = optimizer.torch(m.parameters())
-    cut = [t.chunk(micro_batches) for t in (*inputs, target)]
+    batches = [(tuple(inputs), target)] if micro_batches == 1 else \
+        list(zip(zip(*(x.chunk(micro_batches) for x in inputs)), target.chunk(micro_batches)))
     losses = []
     for _ in range(steps):
         opt.zero_grad()
         total = 0.0
-        for k in range(micro_batches):
-            *xs, y = (c[k] for c in cut)
+        for xs, y in batches:
             with autocast(autocast_dtype(precision)):
                 loss = loss_fn(m(*xs), y)
-            (loss / micro_batches).backward()
+            (loss / micro_batches if micro_batches > 1 else loss).backward()
             total += loss.item() / micro_batches
-        for p in m.parameters():
-            if p.grad is not None:
-                p.grad = p.grad.to(DTYPES[precision.grad]).to(p.dtype)
-        opt.step()
-        for state in opt.state.values():
-            for key, v in state.items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    state[key] = v.to(DTYPES[precision.optim_state]).to(v.dtype)
+        if mixed:
+            _round(m, opt, precision)
+        else:
+            opt.step()
         losses.append(total if micro_batches > 1 else loss.item())
     return losses, {n: p.detach() for n, p in m.named_parameters()}
+
+
+def _round(m: torch.nn.Module, opt: torch.optim.Optimizer, precision: Precision) -> None:
+    """The optimizer step with gradients and optimizer states as ``precision`` keeps them."""
+    for p in m.parameters():
+        if p.grad is not None:
+            p.grad = p.grad.to(DTYPES[precision.grad]).to(p.dtype)
+    opt.step()
+    for state in opt.state.values():
+        for key, v in state.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                state[key] = v.to(DTYPES[precision.optim_state]).to(v.dtype)
 
 
 def compare(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, loss_fn: Callable, optimizer: Any,
