@@ -57,6 +57,9 @@ NOTEBOOKS = {
                      "b = ModelBuilder('mlp', n_blocks=1)\n"
                      "s = SearchPanel(b, hardware='cpu_box', devices=2, method='cd')\n"
                      "s"),
+    "run.ipynb": ("from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor\n"
+                  "e = StrategyEditor(ModelBuilder('mlp', n_blocks=1), preset='dp', mesh=(2,))\n"
+                  "RunPanel(e, steps=2)"),
     "all.ipynb": ("import sbplab as sl\n"
                   "from IPython.display import display\n"
                   "from sbplab.viz import physical_picture\n"
@@ -255,6 +258,28 @@ def test_search_panel_searches_and_shows_the_table(jupyter_lab):
         page.screenshot(path=str(SCREENSHOT_DIR / "search_panel_editor.png"))
         page.locator(".sbplab-sp").first.evaluate("el => el.scrollIntoView({block: 'start'})")  # inputs and table
     assert (SCREENSHOT_DIR / "search_panel.png").stat().st_size > 10_000
+
+
+def test_run_panel_draws_the_runs_timeline_as_sl_timeline_does(jupyter_lab):
+    """A run on worker processes: the panel shows sl.timeline's plotly figure of it (one renderer), with
+    its legend (waiting, collective members, step markers) and a millisecond axis, and hover works."""
+    from playwright.sync_api import expect
+
+    with notebook_page(jupyter_lab, "run.ipynb", "run_panel_timeline.png", height=1400) as page:
+        button = page.get_by_test_id("run-button")
+        expect(button).to_be_enabled(timeout=90_000)
+        button.click()
+        expect(page.get_by_test_id("check")).to_contain_text("matches single-device PyTorch", timeout=180_000)
+        plot = page.get_by_test_id("timeline").locator(".js-plotly-plot")
+        expect(plot).to_be_visible(timeout=60_000)
+        legend = plot.locator(".legendtext")
+        expect(legend.filter(has_text="collective members")).to_have_count(1, timeout=30_000)
+        expect(legend.filter(has_text="forward")).to_have_count(1)
+        assert plot.locator(".xtitle").first.text_content() == "time (ms)"
+        steps = [t.text_content() for t in plot.locator(".annotation-text").all()]
+        assert "step 0" in steps and "step 1" in steps, steps
+        plot.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOT_DIR / "run_panel_timeline_view.png"))
 
 
 # WCAG relative luminance and contrast; colours are composited over what is behind them (alpha too)
