@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.sbplab-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := $(if $(shell command -v dot),,graphviz) $(if $(wildcard /usr/bin/chromium),,chromium)
 
-.PHONY: setup demo test lab tour bench lint clean
+.PHONY: setup demo test test-fast lab tour bench lint clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ tour: setup
 
 test: setup
 	$(PY) -m pytest -q tests notebooks --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
+
+# the inner loop: no worker processes, browser, fault injection or slow tests (a test that starts
+# workers without its `multiprocess` marker fails here)
+test-fast: setup
+	SBPLAB_TEST_FAST=1 $(PY) -m pytest -q tests -m "not multiprocess and not browser and not faults and not slow"
 
 bench: setup
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -9,6 +9,20 @@ import torch
 from hypothesis import settings
 
 
+def pytest_configure(config):
+    """``make test-fast`` (SBPLAB_TEST_FAST=1) deselects the multiprocess, browser, faults and slow
+    markers; a test that starts worker processes without its marker fails there, so the inner loop
+    stays fast and the markers stay true."""
+    if os.environ.get("SBPLAB_TEST_FAST") == "1":
+        from sbplab.runtime import cluster
+
+        def unmarked(*args, **kwargs):
+            raise RuntimeError("this test starts worker processes but is not marked `multiprocess` "
+                               "(pytest.mark.multiprocess), so `make test-fast` would run it")
+
+        cluster.spawn_worker = unmarked
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run torch on one intra-op thread: tests use tiny tensors, and on a small shared machine the

@@ -87,6 +87,7 @@ def test_an_optimizer_gang_fuses_a_multi_output_head_with_every_update_it_feeds(
         assert all("g" not in names for names in _names(bad, fuse_chains(bad)[1]))
 
 
+@pytest.mark.multiprocess
 def test_a_gang_runs_as_the_plan_does_and_as_plain_torch_computes():
     feeds = {"x": torch.tensor([0.5, -1.0]), "y": torch.zeros(2)}
     plan = ActorPlan.build(1, {0: _gang_plan()})
@@ -110,6 +111,7 @@ def cluster():
         yield c
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("preset", ["tp", "pipeline", "dp", "zero"])
 def test_a_fused_run_equals_the_unfused_one_bit_for_bit_and_traces_every_part(cluster, preset):
     torch.manual_seed(0)
@@ -142,6 +144,7 @@ def test_a_fused_run_equals_the_unfused_one_bit_for_bit_and_traces_every_part(cl
                 assert all(p.end <= q.start for p, q in zip(parts, parts[1:])), names
 
 
+@pytest.mark.multiprocess
 def test_a_failing_part_of_a_fused_chain_is_named():
     acts = [Source("x", feed="x", placement=PL1, sbp="B"), Compute("a", op=K + "relu", inputs=("x",)),
             Compute("b", op=K + "fail", inputs=("a",), attrs={"message": "b broke"}),
