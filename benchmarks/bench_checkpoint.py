@@ -2,7 +2,7 @@
 checkpoints on disk, against the same run in one piece; and ``cluster.save`` / ``cluster.load`` of a
 model against ``torch.save`` / ``torch.load`` of the same tensors in this process.
 
-A GPT (about 0.8 M parameters plus Adam's two moments) under data parallel and ZeRO-3 on 2 Gloo ranks
+A GPT (0.47 M parameters plus Adam's two moments) under data parallel and ZeRO-3 on 2 Gloo ranks
 of this machine, STEPS steps per run; each figure is the best of ROUNDS rounds, the variants of a round
 run back to back (the machine is shared and noisy). Ratio = the variant's wall time / the plain run's.
 The numbers of every variant are checked equal to the plain run's, to the bit.
