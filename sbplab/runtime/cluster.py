@@ -327,7 +327,11 @@ class LocalCluster:
 
                 last = start + n == steps  # the global parameters are assembled for the result only
                 chunk = dataclasses.replace(opts, steps=n, progress=False, on_step=report, params=opts.params and last)
-                parts.append(self._run_kept(step, plan, chunk_batches(batches, start, n), chunk, folder))
+                try:
+                    parts.append(self._run_kept(step, plan, chunk_batches(batches, start, n), chunk, folder))
+                except RunError as e:
+                    e.partial = merge_results(parts, plan.micro_batches) if parts else None  # type: ignore
+                    raise
                 if folder is not None:
                     self._save(step, folder / f"step-{self._state.steps(step):08d}")
         finally:

@@ -15,6 +15,8 @@ class RunError(SbplabError, RuntimeError):
     status: for hangs, what every rank was doing.
     kept_step: for a run of a compiled step, the training step whose state was kept (the next run of
         the step continues from it; 0: the compiled weights); None otherwise.
+    partial: for a run with ``checkpoint_every``, the result of the steps that finished before the kept
+        state (their losses, outputs and trace; ``partial.losses[i]`` is step i's); None otherwise.
     """
 
     def __init__(self, kind: str, message: str, rank: int | None = None, actor: str | None = None,
@@ -23,6 +25,7 @@ class RunError(SbplabError, RuntimeError):
         self.worker_traceback = worker_traceback
         self.status = status or {}
         self.kept_step: int | None = None
+        self.partial = None
         text = message
         if worker_traceback:
             text += f"\n\n--- original traceback (rank {rank}) ---\n{worker_traceback.rstrip()}"

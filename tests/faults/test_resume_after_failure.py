@@ -49,6 +49,7 @@ def test_a_failure_in_step_15_keeps_step_10_and_the_next_run_continues_from_it(s
     assert e.kind == {"sigkill": "died", "hang": "hang", "raise": "exception"}[how]
     assert e.kept_step == 10 and "The state after step 10 is kept (on the driver)" in str(e)
     assert seen == list(range(14))  # on_step counts over the whole run; step 15 never finished
+    assert e.partial.losses == whole.losses[:10] and e.partial.steps == 10  # the kept steps' results
     rest = cluster.run(step, batch, steps=20, progress=False)  # fresh workers, from the driver's copy
     assert rest.losses == whole.losses[10:]
     for name, v in whole.params.items():  # parameters and Adam's moments, to the bit
