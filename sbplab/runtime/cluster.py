@@ -264,7 +264,8 @@ class LocalCluster:
         checkpoint_every: run a compiled step N steps at a time (the numbers are the same to the bit:
             runs continue exactly). After every N steps the driver holds that step's state, so a
             failure loses at most the N - 1 steps since; ``RunError.kept_step`` and its message say
-            which step's state survived, and the next run continues from it. Without it, a failure
+            which step's state survived (``RunError.partial``: the result of the steps kept), and the
+            next run continues from it. Without it, a failure
             keeps the state of the last run that finished.
         checkpoint_dir: also write the state every N steps (``checkpoint_every``; default: at the
             end of the run) to ``checkpoint_dir/step-<steps done, 8 digits>`` in DCP format
