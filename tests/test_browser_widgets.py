@@ -74,7 +74,7 @@ NOTEBOOKS = {
                   "s = SearchPanel(b, hardware='cpu_box', devices=2, method='cd')\n"
                   "s.search()  # its table shows the searched row highlighted\n"
                   "wide = SbpPlayground(shape=(16, 16), mesh=(4, 4), sbp='S(0), S(1)', target='B, B')\n"
-                  "e16 = StrategyEditor(ModelBuilder('mlp', n_blocks=1), preset='dp', mesh=(16,))  # 16 ranks\n"
+                  "e16 = StrategyEditor(ModelBuilder('mlp', n_blocks=1, batch=32), preset='dp', mesh=(16,))  # 16 ranks\n"
                   "display(b, e, RunPanel(e, steps=2, backend='in-process'), p, bad, s, wide, e16)\n"
                   "physical_picture(e.compiled.physical, e.compiled.graph)  # a notebook picture beside them"),
 }
@@ -351,6 +351,9 @@ def test_widgets_are_readable_in_light_and_dark_themes(jupyter_lab, theme):
         expect(page.locator(".sbplab-pg").nth(1).get_by_test_id("error-message")).to_contain_text(
             "'x' is not a whole number")
         expect(page.locator(".sbplab-sp tr.searched")).to_have_count(1, timeout=90_000)
+        wide = page.locator(".sbplab-se").nth(1)  # 16 ranks: a bar per rank in both charts, the graph grouped
+        expect(wide.locator("[data-testid=memory-chart] rect.seg")).not_to_have_count(0, timeout=90_000)
+        expect(wide.get_by_test_id("error-message")).to_be_hidden()
         run.get_by_test_id("run-button").click()  # in-process: losses beside torch's
         expect(run.get_by_test_id("check")).to_contain_text("matches single-device PyTorch", timeout=90_000)
         expect(run.get_by_test_id("stale-note")).to_be_hidden()
