@@ -46,7 +46,7 @@ def test_megatron_mlp_block_has_one_all_reduce_forward_and_one_backward():
 def test_megatron_gpt_has_two_all_reduces_per_layer_each_way():
     m = GPT(GPTConfig(n_layer=2))
     xs, y = m.example_batch(2)
-    c = compile(m, xs, m.loss_fn, y, SGD(lr=0.1), presets.tensor_parallel(4, vocab=False))  # pairs only
+    c = compile(m, xs, m.loss_fn, y, SGD(lr=0.1), presets.tensor_parallel(4))
     fwd = [b.tensor for b in c.deduction.collective_boxings("forward")]
     assert sorted(fwd) == ["blocks.0.attn.proj", "blocks.0.mlp.fc2", "blocks.1.attn.proj", "blocks.1.mlp.fc2"]
     assert c.physical.count("all_reduce", "backward") == 4 and len(c.physical.collectives) == 8

@@ -28,6 +28,10 @@ from sbplab.models import GPT, GPTConfig, corpus
 LR = 0.05
 
 
+def _tp(n: int, **kw) -> sl.Strategy:
+    return sl.Strategy(sl.mesh(tp=n), [sl.TensorParallel("tp", **kw)], name=f"tensor parallel x{n}")
+
+
 def _counts(step) -> Counter:
     return Counter((c.phase, c.kind) for c in step.physical.collectives)
 
@@ -55,7 +59,7 @@ def cluster():
 
 
 def test_zoo_gpt_splits_attention_mlp_embedding_and_output_layer():
-    step, _, said = _compile_gpt(sl.presets.tensor_parallel(2))
+    step, _, said = _compile_gpt(_tp(2))
     sbp = step.deduction.sbp
     assert sbp["blocks.0.attn.q.weight"] == (sl.S(0),) and sbp["blocks.0.attn.proj.weight"] == (sl.S(1),)
     assert sbp["blocks.1.mlp.fc1.weight"] == (sl.S(0),) and sbp["blocks.1.mlp.fc2.weight"] == (sl.S(1),)
@@ -74,8 +78,8 @@ def test_zoo_gpt_splits_attention_mlp_embedding_and_output_layer():
 
 @pytest.mark.multiprocess
 def test_zoo_gpt_tensor_and_sequence_parallel_train_like_torch(cluster):
-    plain, (model, idx, targets), _ = _compile_gpt(sl.presets.tensor_parallel(2))
-    seq, _, _ = _compile_gpt(sl.presets.tensor_parallel(2, sequence_parallel=True))
+    plain, (model, idx, targets), _ = _compile_gpt(_tp(2))
+    seq, _, _ = _compile_gpt(_tp(2, sequence_parallel=True))
     # by hand, forward: the 5 all-reduces become 5 reduce-scatters; 4 column inputs and the output layer's
     # input are all-gathered, plus the logits: 6 all-gathers; no all-reduce
     fwd = Counter({k: v for k, v in _counts(seq).items() if k[0] == "forward"})
@@ -91,7 +95,7 @@ def test_zoo_gpt_tensor_and_sequence_parallel_train_like_torch(cluster):
 
 
 def test_heads_that_do_not_divide_are_said():
-    step, _, said = _compile_gpt(sl.presets.tensor_parallel(4), n_head=2)  # 2 heads over 4 ranks
+    step, _, said = _compile_gpt(_tp(4), n_head=2)  # 2 heads over 4 ranks
     text = step.strategy.report.text()
     assert "2 heads do not divide over 4 tensor-parallel ranks" in text
     assert step.deduction.sbp["blocks.0.attn.q.weight"] == (sl.B,)  # attention stays whole, said
@@ -105,28 +109,29 @@ def _corpus(name: str, tp: int):
         warnings.simplefilter("always", sl.TensorParallelWarning)
         warnings.simplefilter("ignore", sl.ReplicatedOpWarning)
         step = sl.compile(built.model, built.inputs, loss_fn=built.loss_fn, target=built.target,
-                          optimizer=sl.SGD(lr=LR), strategy=sl.presets.tensor_parallel(tp))
+                          optimizer=sl.SGD(lr=LR), strategy=_tp(tp))
     return built, step, [str(w.message) for w in said if w.category is sl.TensorParallelWarning]
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_grouped_query_attention_keeps_kv_heads_whole_and_splits_the_rest(cluster):
     """Llama with 4 query heads and 2 KV heads on 4 ranks: the KV heads do not divide, so K and V stay whole
     (read split by slicing, as Megatron replicates KV heads) and the query heads, o_proj, the MLP and the
-    output layer split. By hand, forward: 2 layers x 2 pairs = 4 all-reduces, 1 all-gather (logits); the
-    captured ATen embedding is not split (said)."""
+    output layer split, and the (ATen) embedding over the vocabulary. By hand, forward: 2 layers x 2 pairs
+    + the embedding = 5 all-reduces, 1 all-gather (logits)."""
     built, step, said = _corpus("llama", 4)
     sbp = step.deduction.sbp
     assert sbp["model.layers.0.self_attn.q_proj.weight"] == (sl.S(0),)
     assert sbp["model.layers.0.self_attn.o_proj.weight"] == (sl.S(1),)
     assert sbp["model.layers.0.self_attn.k_proj.weight"] == (sl.B,)
-    assert sbp["lm_head.weight"] == (sl.S(0),)
+    assert sbp["lm_head.weight"] == (sl.S(0),) and sbp["model.embed_tokens.weight"] == (sl.S(0),)
     fwd = Counter({k: v for k, v in _counts(step).items() if k[0] == "forward"})
-    assert fwd == Counter({("forward", "all_reduce"): 4, ("forward", "all_gather"): 1})
+    assert fwd == Counter({("forward", "all_reduce"): 5, ("forward", "all_gather"): 1})
     text = step.strategy.report.text()
     assert "k_proj.mm kept whole (replicated over the tensor-parallel axis)" in text
     assert "2 heads do not divide over 4 tensor-parallel ranks" in text
-    assert any("k_proj kept whole" in w for w in said) and any("embed_tokens" in w for w in said)
+    assert len(said) == 1 and "k_proj kept whole" in said[0] and "embed_tokens" not in said[0]
     result = cluster.run(step, built.feeds(), steps=2)
     want, _ = built.train_torch(2, lambda ps: torch.optim.SGD(ps, lr=LR))
     assert result.losses == pytest.approx(want, abs=2e-5)
@@ -134,14 +139,16 @@ def test_grouped_query_attention_keeps_kv_heads_whole_and_splits_the_rest(cluste
 
 @pytest.mark.multiprocess
 def test_nanogpt_fused_qkv_says_what_it_could_not_split(cluster):
-    """nanoGPT: the MLP pairs; the fused QKV (c_attn, split into q, k, v along the features a column split
-    would cut) and the tied embedding/output layer stay whole and are named in the warning."""
+    """nanoGPT: the MLP pairs and the tied embedding/output layer split over the vocabulary; the fused QKV
+    (c_attn, split into q, k, v along the features a column split would cut) stays whole and is named in
+    the warning. By hand, forward: 2 MLP pairs + the embedding = 3 all-reduces, 1 all-gather (logits)."""
     built, step, said = _corpus("nanogpt", 2)
-    assert step.deduction.sbp["h.0.mlp.0.weight"] == (sl.S(0),)
-    assert step.deduction.sbp["h.0.c_attn.weight"] == (sl.B,)
-    assert len(said) == 1 and "h.0.c_attn" in said[0] and "tied to the embedding wte.weight" in said[0]
+    sbp = step.deduction.sbp
+    assert sbp["h.0.mlp.0.weight"] == (sl.S(0),) and sbp["h.0.c_attn.weight"] == (sl.B,)
+    assert sbp["wte.weight"] == (sl.S(0),)  # read by the embedding and, tied, by the output layer
+    assert len(said) == 1 and "h.0.c_attn: aten.split.Tensor" in said[0]
     assert Counter({k: v for k, v in _counts(step).items() if k[0] == "forward"}) == \
-        Counter({("forward", "all_reduce"): 2})  # by hand: one MLP pair per layer
+        Counter({("forward", "all_reduce"): 3, ("forward", "all_gather"): 1})
     result = cluster.run(step, built.feeds(), steps=2)
     want, _ = built.train_torch(2, lambda ps: torch.optim.SGD(ps, lr=LR))
     assert result.losses == pytest.approx(want, abs=2e-5)

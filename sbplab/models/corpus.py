@@ -33,8 +33,8 @@ def strategies() -> dict[str, Callable[[], Any]]:
     return {
         "dp": lambda: presets.data_parallel(2),
         "zero3": lambda: presets.zero(2),
-        "tp": lambda: presets.tensor_parallel(2),
-        "dp_tp": lambda: presets.dp_tp((2, 2)),
+        "tp": lambda: presets.tensor_parallel(2, vocab=True),  # embedding and output layer over the vocabulary too
+        "dp_tp": lambda: presets.dp_tp((2, 2), vocab=True),
         "pipeline": lambda: presets.pipeline(2, 2),
     }
 

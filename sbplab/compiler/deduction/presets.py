@@ -61,9 +61,10 @@ def data_parallel(mesh: Placement | int, micro_batches: int = 1) -> Strategy:
 
 
 def tensor_parallel(mesh: Placement | int, column: Sequence[str] = COLUMN, row: Sequence[str] = ROW,
-                    micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool = True) -> Strategy:
+                    micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool = False) -> Strategy:
     """Megatron: column-parallel then row-parallel layers, one all-reduce per pair forward and backward;
-    the embedding and the output layer split over the vocabulary (``vocab``)."""
+    ``vocab=True`` also splits the embedding and the output layer over the vocabulary (what
+    ``sl.TensorParallel`` does by default; the preset keeps its first behaviour, which tutorials show)."""
     pl = as_mesh(mesh)
     if pl.ndim != 1:
         raise InputError(f"tensor_parallel needs a 1-D mesh, got shape {pl.shape}; for data parallel x tensor "
@@ -73,8 +74,8 @@ def tensor_parallel(mesh: Placement | int, column: Sequence[str] = COLUMN, row: 
 
 
 def dp_tp(mesh: Placement | Sequence[int], column: Sequence[str] = COLUMN, row: Sequence[str] = ROW,
-          micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool = True) -> Strategy:
-    """2-D mesh (dp, tp): batch split on axis 0, Megatron on axis 1."""
+          micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool = False) -> Strategy:
+    """2-D mesh (dp, tp): batch split on axis 0, Megatron on axis 1 (``vocab`` as in ``tensor_parallel``)."""
     pl = as_mesh(mesh, ("dp", "tp") if isinstance(mesh, (tuple, list)) and len(mesh) == 2 else None)
     if pl.ndim != 2:
         raise InputError(f"dp_tp needs a 2-D mesh (dp, tp) such as (2, 2) or a 2-D sl.Placement, got "
@@ -112,7 +113,7 @@ def pipeline(stages: int, micro_batches: int, ranks_per_stage: int | Sequence[in
         raise InputError(f"inner must be one of none, dp, tp, zero, dp_tp; got {inner!r}")
     full = as_mesh((stages, *shape)).bind(device_type)
     inside = {"none": [], "dp": [DataParallel(0)], "zero": [DataParallel(0), ZeRO(3, 0)],
-              "tp": [_tp(0, column, row, False, True)], "dp_tp": [DataParallel(0), _tp(1, column, row, False, True)]}
+              "tp": [_tp(0, column, row, False, False)], "dp_tp": [DataParallel(0), _tp(1, column, row, False, False)]}
     name = f"pipeline {stages} stages x {micro_batches} micro-batches" + (f", {inner} inside" if inner != "none" else "")
     return Strategy(full, [Pipeline(0, micro_batches, stages, schedule, dict(stage_of or {})), *inside[inner]],
                     name=name)

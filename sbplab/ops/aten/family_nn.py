@@ -43,14 +43,18 @@ def embedding_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[
     # embedding(weight (V, C), indices (...)) -> (..., C)
     idx = ins[1].shape
     sigs = [sig([B, S(d)], [S(d)]) for d in range(len(idx)) if idx[d] > 1]
-    return sigs + [sig([S(1), B], [S(len(idx))]), sig([P, B], [P])]
+    # vocabulary parallel: each rank looks up the ids in its rows, zeros elsewhere (vocab_parallel.py)
+    return sigs + [sig([S(1), B], [S(len(idx))]), sig([P, B], [P]), sig([S(0), B], [P])]
 
 
-def embedding_backward_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+def embedding_backward_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict | None = None) -> list[Signature]:
     # embedding_dense_backward(grad (..., C), indices (...), num_weights, ...) -> (V, C)
     idx = ins[1].shape
     sigs = [sig([S(d), S(d)], [P]) for d in range(len(idx)) if idx[d] > 1]
-    return sigs + [sig([S(len(idx)), B], [S(1)]), sig([P, B], [P])]
+    # each rank makes the gradient of its vocabulary rows (vocab_parallel.py)
+    sigs += [sig([S(len(idx)), B], [S(1)]), sig([P, B], [P])]
+    by_freq = attrs is not None and arg(attrs, 4, "scale_grad_by_freq", False)  # counts need every row's ids
+    return sigs if by_freq else sigs + [sig([B, B], [S(0)])]
 
 
 def conv_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:

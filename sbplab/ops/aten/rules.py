@@ -23,6 +23,7 @@ from . import family_linalg as la
 from . import family_nn as nn
 from . import family_reduce as red
 from . import family_shape as sh
+from . import vocab_parallel as vp
 from ._common import arg, norm_dim, sized
 from .calls import overload
 from .family_pointwise import pointwise_signatures
@@ -170,8 +171,10 @@ declare("attention", _ops(
     "_scaled_dot_product_efficient_attention.default", "_scaled_dot_product_efficient_attention_backward.default",
     "_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_cudnn_attention_backward.default",
 ), lambda n, i, o, a: nn.attention_signatures(i, o), note="batch and heads split")
-declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_signatures(i, o))
-declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o))
+declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_signatures(i, o),
+        vp.embedding_localize, note="vocabulary rows split: a masked lookup")
+declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o, a),
+        vp.embedding_backward_localize, note="vocabulary rows split: each rank its rows' gradient")
 declare("indexing", _ops("gather.default", "scatter.value", "scatter.src", "scatter_add.default"),
         lambda n, i, o, a: nn.gather_signatures(i, o, a, n == "aten.gather.default"))
 declare("indexing", _ops("index.Tensor"), lambda n, i, o, a: nn.index_signatures(i, o, a))

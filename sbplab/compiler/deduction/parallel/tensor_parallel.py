@@ -232,9 +232,6 @@ def _vocab(ctx: _Ctx, pairing: Pairing, tp: int) -> tuple[list, list]:
         if not _from_input(graph, ids):
             embeds.append(("embedding", op, False, "its ids are computed, not the model's input (a position "
                                                   "table, not a vocabulary): it stays whole"))
-        elif op.type != "embedding":
-            embeds.append(("embedding", op, False, "the captured ATen embedding has no vocabulary-parallel rule "
-                                                  "here (sbplab's own embedding op has one)"))
         elif wt.shape[0] % tp:
             embeds.append(("embedding", op, False, f"its {wt.shape[0]} rows do not divide over {tp} ranks"))
         else:
