@@ -82,6 +82,16 @@ class Space:
             self._floors[key] = StageFloor(ops.ops, floor_edges(ops))
         return self._floors[key]
 
+    def pre_floor(self, mesh: MeshChoice, stages: int, m: int, zero: int) -> float:
+        """A floor under every pipeline of ``stages`` stages of mesh ``mesh`` and ``m`` micro-batches, from the
+        one-micro-batch graph: no graph of ``m`` micro-batches is traced (an ATen capture takes seconds).
+
+        A micro-batch of 1/m of the batch costs at least 1/m of the whole batch's time per op and per
+        edge (FLOPs and activation bytes scale with the batch, weights and latencies do not), and the
+        once-per-step gradient work is the same, so the bound of ``stage_floor.py`` with every
+        per-micro-batch term priced at the whole batch and counted (m + S - 1) / m times is below it."""
+        return self.stage_floor(mesh, 1).value(zero, (m + stages - 1) / m) / stages
+
     def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
         key = (mesh, m)
         if key not in self._problems:
@@ -217,7 +227,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     if report.active:  # the whole plan up front, so the bar moves steadily
         report.plan(len(specs) + len(meshes) * len(zero_levels) + len(pipe_spaces) * len(zero_levels)
                     + finalists)
-    presets = _presets(space, specs, clock, notes, report)
+    presets = _presets(space, [s for s in specs if s.n_stages == 1], clock, notes, report)
     users = user_candidates(users_given, space.graph, lambda pc: _price_preset(space, pc), hw)
     found: list[Candidate] = []
     least: list[tuple[int, str]] = []
@@ -238,6 +248,8 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
             report.step("meshes", c)
             if clock.expired():
                 break
+    presets += _pipeline_presets(space, [s for s in specs if s.n_stages > 1], int(devices), found + presets, clock,
+                                 notes, report)
     if pipe_spaces and not clock.expired():
         found += _pipelines(space, method, memory_limit, clock, seed, zero_levels, reduce, least, report,
                                  pipe_spaces, found, max(1, top), notes)
@@ -270,10 +282,11 @@ _OVERSUBSCRIBED = (
 
 
 def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[str],
-             report: ProgressReporter) -> list[Candidate]:
+             report: ProgressReporter, at_least_one: bool = True) -> list[Candidate]:
+    """Every spec priced (``_price_preset``), until the time budget runs out (after ``at_least_one``)."""
     out = []
     for i, spec in enumerate(specs):
-        if clock.expired() and out:
+        if clock.expired() and (out or not at_least_one):
             notes.append(f"the time budget ran out while pricing presets: {len(specs) - i} of {len(specs)} not "
                          f"priced ({', '.join(s.name for s in specs[i:i + 3])}{', ...' if len(specs) - i > 3 else ''})")
             for _ in specs[i:]:
@@ -290,6 +303,40 @@ def _presets(space: Space, specs: list[PresetSpec], clock: Clock, notes: list[st
         out.append(c)
         report.step("presets")
     return out
+
+
+PRESET_SLACK = 3.0  # a pipeline preset whose floor is this many times the best found could not be best
+
+
+def _pipeline_presets(space: Space, specs: list[PresetSpec], devices: int, found: list[Candidate], clock: Clock,
+                      notes: list[str], report: ProgressReporter) -> list[Candidate]:
+    """The pipeline presets that could be best, priced (``_presets``) after the meshes were solved.
+
+    Each needs the training graph of its micro-batch count, an ATen capture of seconds for a big model,
+    so it is traced only for a preset that could win: one whose micro-batches split over its inner data
+    parallel ranks, and whose floor (``Space.pre_floor``, from the one-micro-batch graph) is below
+    ``PRESET_SLACK`` times the best analytic step time found so far (the slack: the simulator, which
+    ranks the finalists, may disagree with the analytic model)."""
+    best = min((c.step_time for c in found), default=float("inf"))
+    keep = []
+    for spec in specs:
+        k = devices // spec.n_stages
+        if k > 1 and (space.batch // spec.micro_batches) % k:
+            notes.append(f"preset {spec.name} skipped: micro-batches of {space.batch // spec.micro_batches} "
+                         f"samples cannot be split over its {k} data-parallel ranks")
+            report.step("presets")
+            continue
+        try:
+            floor = space.pre_floor(_identity_mesh((k,), space.hw), spec.n_stages, spec.micro_batches, spec.zero)
+        except (ValueError, GraphError):
+            floor = 0.0  # no floor: price it
+        if floor > PRESET_SLACK * best:
+            notes.append(f"preset {spec.name} not priced: even perfectly balanced, its stages take at least "
+                         f"{floor * 1e3:.4g} ms/step, over {PRESET_SLACK:g}x the best found ({best * 1e3:.4g} ms)")
+            report.step("presets")
+            continue
+        keep.append(spec)
+    return _presets(space, keep, clock, notes, report, at_least_one=False)
 
 
 def _pipeline_spaces(space: Space, devices: int, node_size: int | None) -> list[tuple[int, int, MeshChoice]]:
@@ -336,13 +383,12 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
         if clock.expired():
             break
         try:
-            floor = space.stage_floor(mesh, M)
+            pre = [space.pre_floor(mesh, S, M, z) for z in zero_levels]  # the one-micro-batch graph only
         except (ValueError, GraphError):
             for _ in zero_levels:
                 report.step("pipelines")
             continue
-        for z in zero_levels:
-            bounds.append((floor.value(z, M + S - 1) / S, S, M, mesh, z))
+        bounds += [(b, S, M, mesh, z) for b, z in zip(pre, zero_levels)]
     bounds.sort(key=lambda b: b[0])
     out: list[Candidate] = []
     skipped = 0
@@ -350,7 +396,12 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
         if clock.expired():
             break
         kth = _kth_best(found + out, memory_limit, keep)
-        pr = space.problem(mesh, M) if bound < kth else None  # real edges only where the floor lets it win
+        try:  # the micro-batch graph is traced only for a space its first floor lets win
+            floor = space.stage_floor(mesh, M).value(z, M + S - 1) / S if bound < kth else float("inf")
+        except (ValueError, GraphError):
+            report.step("pipelines")
+            continue
+        pr = space.problem(mesh, M) if floor < kth else None  # real edges only where the floor lets it win
         if pr is None or _real_floor(pr).value(z, M + S - 1) / S >= kth:
             skipped += 1
             report.step("pipelines")

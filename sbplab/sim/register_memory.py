@@ -9,12 +9,16 @@ from the first micro-batch of a step to its release. An actor that writes ``into
 gradient bucket's, ``runtime.buffers``) allocates nothing: the buffers are persistent gradients, one
 per register of the actor guarding them.
 
+A fused chain (``runtime.fusion``: the runtime's default) holds only its last part's outputs in a
+register; its inner parts' outputs live inside the one firing, so they are not counted.
+
 The categories are ``runtime.memory_peak.categories``: the runtime measures a run's peak in the same
 ones (``RunResult.memory``), so ``sl.compare`` lines the two up.
 """
 
 from __future__ import annotations
 
+from ..runtime.fusion import fuse_chains
 from ..runtime.memory_peak import CATEGORIES, MemoryPeak, categories
 from ..runtime.specs import Actor, State
 from .engine import Firings
@@ -24,9 +28,26 @@ RankPeak = MemoryPeak  # the predicted peak is the same type as the measured one
 __all__ = ["CATEGORIES", "RankPeak", "categories", "peak_memory"]
 
 
+def unheld(acts: list[Actor]) -> set[tuple[int, int]]:
+    """(actor index, output) of the registers the runtime never holds: it fires a fused chain or gang
+    (``runtime.fusion``) as one actor and hands the inner parts' outputs straight to the next part, so
+    only what the fused actor outputs lives in a register (the last part's, or a gang's ``exposed``)."""
+    out: set[tuple[int, int]] = set()
+    fused, origin = fuse_chains(acts)
+    for fa, parts in zip(fused, origin):
+        if len(parts) < 2:
+            continue
+        exposed = getattr(fa, "exposed", ())
+        keep = ({(parts[p], o) for p, o in exposed} if exposed
+                else {(parts[-1], j) for j in range(max(acts[parts[-1]].num_outputs, 1))})
+        out |= {(i, j) for i in parts for j in range(max(acts[i].num_outputs, 1)) if (i, j) not in keep}
+    return out
+
+
 def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[int, dict[str, ActorShapes]],
-                end_s: float) -> dict[int, RankPeak]:
-    """Per simulated rank: the largest persistent + live register bytes over the simulated run."""
+                end_s: float, fused: bool = True) -> dict[int, RankPeak]:
+    """Per simulated rank: the largest persistent + live register bytes over the simulated run.
+    ``fused``: as the runtime fires by default, the inner outputs of fused chains held by no register."""
     persistent: dict[int, dict[str, int]] = {}
     out_bytes: dict[int, list[list[tuple[int, str]]]] = {}
     for r, acts in actors.items():
@@ -34,7 +55,8 @@ def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[i
         base = dict.fromkeys(CATEGORIES, 0)
         rows = []
         pools: dict[str, int] = {}
-        for a in acts:
+        inner = unheld(acts) if fused else set()
+        for i, a in enumerate(acts):
             sizes = [nbytes(m) for m in shapes[r][a.name].outputs]
             if isinstance(a, State):
                 base[cats[(a.name, 0)]] += sum(sizes)
@@ -43,7 +65,7 @@ def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[i
             if into is not None:  # a view of the run's buffer
                 pools[into.pool] = max(pools.get(into.pool, 0), into.end * into.dtype.itemsize)
                 sizes = []
-            rows.append([(nb, cats[(a.name, j)]) for j, nb in enumerate(sizes) if nb])
+            rows.append([(nb, cats[(a.name, j)]) for j, nb in enumerate(sizes) if nb and (i, j) not in inner])
         regs = {a.name: a.registers for a in acts}
         base["gradients"] += sum(nb * regs[pool] for pool, nb in pools.items())
         persistent[r], out_bytes[r] = base, rows
