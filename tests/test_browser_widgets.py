@@ -80,6 +80,20 @@ NOTEBOOKS = {
 }
 
 
+def _saved_notebook() -> dict:
+    """A notebook as saved after a run, its kernel long gone: each widget's output is its mime bundle
+    (the widget view and the static card), unsigned, as a tutorial cloned from git is."""
+    from sbplab.widgets import ModelBuilder, StrategyEditor
+
+    e = StrategyEditor(ModelBuilder("mlp", n_blocks=1), preset="dp", mesh=(2,))
+    data, _ = e._repr_mimebundle_()
+    nb = _notebook("e")
+    nb["cells"][0]["outputs"] = [{"output_type": "execute_result", "execution_count": 1, "metadata": {},
+                                  "data": data}]
+    nb["cells"][0]["execution_count"] = 1
+    return nb
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +107,7 @@ def jupyter_lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     for name, source in NOTEBOOKS.items():
         (root / name).write_text(json.dumps(_notebook(source)))
+    (root / "saved.ipynb").write_text(json.dumps(_saved_notebook()))
     port = _free_port()
     news = root / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
@@ -126,7 +141,7 @@ def jupyter_lab(tmp_path_factory):
 
 
 @contextmanager
-def notebook_page(lab_url: str, notebook: str, screenshot: str, height: int = 1000):
+def notebook_page(lab_url: str, notebook: str, screenshot: str, height: int = 1000, run: bool = True):
     """A Chromium page with ``notebook`` open in JupyterLab and every cell run.
 
     On leaving, the page is saved as ``screenshot`` in artifacts/browser/ (or as
@@ -147,7 +162,8 @@ def notebook_page(lab_url: str, notebook: str, screenshot: str, height: int = 10
                                    " && window.jupyterapp.shell.currentWidget.sessionContext.session"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
                                    timeout=90_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            if run:
+                page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             yield page
         except BaseException:
             page.screenshot(path=str(SCREENSHOT_DIR / f"failure-{screenshot}"), full_page=True)
@@ -280,6 +296,20 @@ def test_run_panel_draws_the_runs_timeline_as_sl_timeline_does(jupyter_lab):
         assert "step 0" in steps and "step 1" in steps, steps
         plot.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOT_DIR / "run_panel_timeline_view.png"))
+
+
+def test_a_saved_notebook_shows_the_widgets_static_card(jupyter_lab):
+    """Opened again without running it, a notebook shows each widget's static card where it was, not
+    its Python repr."""
+    from playwright.sync_api import expect
+
+    with notebook_page(jupyter_lab, "saved.ipynb", "saved_notebook.png", run=False) as page:
+        card = page.locator(".jp-OutputArea-output .sbplab-static")
+        expect(card).to_contain_text("StrategyEditor: data parallel x2", timeout=60_000)
+        expect(card).to_contain_text("a snapshot of the widget")
+        expect(card.locator("tr")).to_have_count(3)  # its table: a header and a row per rank
+        text = page.locator(".jp-OutputArea-output").first.inner_text()
+        assert "object at 0x" not in text and "rank 0: parameters" not in text  # no repr, no spilled chart labels
 
 
 # WCAG relative luminance and contrast; colours are composited over what is behind them (alpha too)

@@ -127,9 +127,11 @@ class SbpPlayground(SbplabWidget):
         """Both layouts, their types, and the boxing steps between them."""
         steps = [(s.get("kind", ""), s.get("axis", ""), s.get("from", ""), s.get("to", ""), s.get("bytes", ""))
                  for s in self.steps]
+        shapes = [(r["rank"], tuple(r["coords"]), tuple(r["src"]), tuple(r.get("dst", ()))) for r in self.local_shapes]
         return static.card("SbpPlayground", [
-            static.line(self.error), static.line(self.src_type), static.svg(self.src_svg), static.line(self.dst_type),
-            static.svg(self.dst_svg), static.table(("boxing step", "mesh axis", "from", "to", "bytes"), steps)])
+            static.line(self.error), static.line(self.src_type), static.line(self.dst_type),
+            static.table(("rank", "mesh coordinates", "local shape from", "local shape to"), shapes),
+            static.table(("boxing step", "mesh axis", "from", "to", "bytes"), steps)])
 
     # --- the one place derived state is computed ---------------------------------------------
     def _recompute(self) -> None:

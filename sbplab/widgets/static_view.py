@@ -8,8 +8,9 @@ what it showed when it was displayed (its strategy, tables, charts), marked as a
 JupyterLab still draws the widget itself (it prefers the widget view); untrusted outputs and static
 viewers, which take the safe HTML, get the card.
 
-Only tables, preformatted text and small SVG charts: what HTML sanitizers keep. Colours are
-inherited, so a dark theme reads it as well as a light one.
+Only tables and preformatted text: what HTML sanitizers keep (an untrusted output loses its SVG and
+would spill the charts' labels as loose text). Colours are inherited, so a dark theme reads it as
+well as a light one.
 """
 
 from __future__ import annotations
@@ -56,8 +57,3 @@ def table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
         out.append("<tr>" + "".join(f"<td {cell}>{escape(str(v))}</td>" for v in r) + "</tr>")
     out.append("</table>")
     return "".join(out)
-
-
-def svg(text: str, limit: int = 200_000) -> str:
-    """A chart the widget drew (SVG text built by sbplab, escaped there), unless it is too big to keep."""
-    return f'<div style="margin:4px 0">{text}</div>' if text and len(text) <= limit else ""

@@ -30,6 +30,7 @@ from ..compiler.api import Compiled
 from ..compiler.ir import Graph
 from ..compiler.physical.expand import lower
 from ..compiler.physical.memory import memory_report
+from ..fmt import fmt_bytes
 from ..hardware import Hardware
 from ..viz.charts import comm_rows, comm_table
 from . import static_view as static
@@ -312,8 +313,13 @@ class StrategyEditor(EditorPrediction):
 
     def static_html(self) -> str:
         """The strategy, its error if any, memory and communication per rank, the summary."""
+        sent = {int(r): b for r, b in self.comm_bytes.items()}
+        rows = [(m["rank"], fmt_bytes(m["params"]), fmt_bytes(m["optimizer_state"]), fmt_bytes(m["activations_peak"]),
+                 fmt_bytes(m["peak"]), fmt_bytes(sent.get(m["rank"], 0))) for m in self.memory_rows]
         return static.card(f"StrategyEditor: {self.strategy_name or 'no strategy'}", [
-            static.line(self.error), static.svg(self.memory_svg), static.svg(self.comm_svg), static.pre(self.summary)])
+            static.line(self.error), static.table(("rank", "params", "optimizer state", "activation peak",
+                                                   "peak memory", "bytes sent per step"), rows),
+            static.pre(self.summary)])
 
     # --- views of the compiled step --------------------------------------------------------------------------
     def _tables(self) -> None:
