@@ -238,6 +238,19 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "InputError", ("stage_of names 'block.0'", "no module", "blocks")),
     ("Compiling", "an optimizer's name", 'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, optimizer="sgd")',
      "InputTypeError", ("'sgd'", "sl.SGD(lr=")),
+    ("Compiling", "fp16 compute (no loss scaling)",
+     'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, '
+     'strategy=sl.Strategy(sl.Placement("cpu", [0]), precision=sl.Precision.mixed("fp16")))',
+     "InputError", ("fp16", "loss scaling", "bf16")),
+    ("Compiling", "mixed precision with capture='fx'",
+     'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, capture="fx", '
+     'strategy=sl.Strategy(sl.Placement("cpu", [0]), precision=sl.Precision.mixed()))',
+     "GraphError", ("capture='fx'", "autocast", "capture='aten'")),
+    ("Searching", "more devices than a search plans for", "sl.search(model, (inp,), loss_fn=model.loss_fn, "
+     "target=target, devices=10**6, time_budget=30)", "SearchError", ("devices=1000000", "131072", "replicate")),
+    ("Searching", "a candidate on more ranks than the search", "sl.search(model, (inp,), loss_fn=model.loss_fn, "
+     "target=target, devices=2, candidates=[sl.presets.data_parallel(4)])", "SearchError",
+     ("candidates[0]", "4 ranks", "devices=2")),
 ]
 
 _SANITIZE = [
