@@ -217,6 +217,10 @@ class Driver:
                 raise ClusterError(f"the run of {plan.name!r} was stopped because the cluster was closed "
                                    f"(close() was called, from another thread, while it ran)") from e
             if isinstance(e, (EOFError, OSError)):  # a worker went away before the run got going (pings, specs)
+                for r, p in enumerate(self.procs):  # a spawned one that died: its exit code and last words
+                    p.join(timeout=0.5)
+                    if not p.is_alive():
+                        self._died(r, plan)
                 raise RunError("died", f"a worker's connection broke at the start of the run: {e!r}") from e
             raise
         finally:

@@ -19,7 +19,13 @@ from sbplab.runtime.examples import data_parallel_linear
 
 pytestmark = [pytest.mark.faults, pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
-NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One spawned cluster for the attacks (each leaves it usable, as the next check shows)."""
+    with LocalCluster(2) as c:
+        yield c
 
 # what another user tries on the cluster's private directory; prints one word per attempt
 _STRANGER = r"""
@@ -38,18 +44,18 @@ attempt("connect", lambda: socket.socket(socket.AF_UNIX).connect(sock))
 """
 
 
-def test_another_user_cannot_read_or_write_rendezvous_keys_nor_reach_the_driver():
+def test_another_user_cannot_read_or_write_rendezvous_keys_nor_reach_the_driver(cluster):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another user (nobody); the 0700 mode is checked in test_listen_and_close")
-    with LocalCluster(2) as c:
-        check_dp_run(c)
-        folder = os.path.dirname(c.address)
-        store = os.path.join(folder, next(f for f in os.listdir(folder) if f.startswith("store-")))
-        out = subprocess.run([sys.executable, "-c", _STRANGER, folder, store, c.address], capture_output=True,
-                             text=True, timeout=60)
-        assert out.stdout.split() == ["list", "denied", "read", "denied", "write", "denied", "connect", "denied"], \
-            out.stdout + out.stderr
-        check_dp_run(c)  # and the cluster never noticed
+    c = cluster
+    check_dp_run(c)
+    folder = os.path.dirname(c.address)
+    store = os.path.join(folder, next(f for f in os.listdir(folder) if f.startswith("store-")))
+    out = subprocess.run([sys.executable, "-c", _STRANGER, folder, store, c.address], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.split() == ["list", "denied", "read", "denied", "write", "denied", "connect", "denied"], \
+        out.stdout + out.stderr
+    check_dp_run(c)  # and the cluster never noticed
 
 
 # a flood from a process of its own: ``rate`` connections a second, each closed at once or held silent
@@ -77,23 +83,23 @@ print(n / (time.monotonic() - t0), flush=True)
 """
 
 
-def test_a_flood_of_300_connections_a_second_during_a_worker_restart_does_not_stop_it():
-    with LocalCluster(2) as c:
+def test_a_flood_of_300_connections_a_second_during_a_worker_restart_does_not_stop_it(cluster):
+    c = cluster
+    check_dp_run(c)
+    old = c.pids
+    flood = subprocess.Popen([sys.executable, "-c", _FLOOD, c.address, "300", "150"], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        wait_until(lambda: c._acceptor.rejected > 20, 30, "the flood reaching the driver")
+        c._kill()  # as after a failed run: the next run starts fresh workers, through the flood
         check_dp_run(c)
-        old = c.pids
-        flood = subprocess.Popen([sys.executable, "-c", _FLOOD, c.address, "300", "150"], stdout=subprocess.PIPE,
-                                 text=True)
-        try:
-            wait_until(lambda: c._acceptor.rejected > 20, 30, "the flood reaching the driver")
-            c._kill()  # as after a failed run: the next run starts fresh workers, through the flood
-            check_dp_run(c)
-            assert set(c.pids).isdisjoint(old) and flood.poll() is None  # restarted while the flood went on
-        finally:
-            flood.terminate()
-            rate = float(flood.communicate(timeout=60)[0])
-        assert rate > 250, f"the flood ran at {rate:.0f} connections a second only"
-        assert c.failed_authentications == 0  # strangers that never answer a challenge are no failed guess
-        check_dp_run(c)
+        assert set(c.pids).isdisjoint(old) and flood.poll() is None  # restarted while the flood went on
+    finally:
+        flood.terminate()
+        rate = float(flood.communicate(timeout=60)[0])
+    assert rate > 250, f"the flood ran at {rate:.0f} connections a second only"
+    assert c.failed_authentications == 0  # strangers that never answer a challenge are no failed guess
+    check_dp_run(c)
 
 
 def test_a_worker_with_a_mistyped_token_is_named(tmp_path):
@@ -111,40 +117,41 @@ def test_a_worker_with_a_mistyped_token_is_named(tmp_path):
         assert c.failed_authentications == 1
 
 
-def test_a_gloo_abort_puts_its_cause_in_the_error():
+def test_a_gloo_abort_puts_its_cause_in_the_error(cluster):
     """Gloo keeps every connection its pair listener accepts and aborts the worker (SIGABRT, the cause on
     stderr only) when it runs out of descriptors. With a low descriptor limit a short flood does it."""
     import socket
 
     import torch
 
-    with LocalCluster(2) as c:
-        check_dp_run(c)
-        victim = c.pids[1]
-        (port,) = {p for _, p in listening(victim)}  # its Gloo pair listener
-        resource.prlimit(victim, resource.RLIMIT_NOFILE, (64, resource.prlimit(victim, resource.RLIMIT_NOFILE)[1]))
-        g = torch.Generator().manual_seed(0)
-        batch = {"x": torch.randn(8, 5, generator=g), "t": torch.randn(8, 2, generator=g)}
-        stop = threading.Event()
+    c = cluster
+    check_dp_run(c)
+    victim = c.pids[1]
+    (port,) = {p for _, p in listening(victim)}  # its Gloo pair listener
+    resource.prlimit(victim, resource.RLIMIT_NOFILE, (64, resource.prlimit(victim, resource.RLIMIT_NOFILE)[1]))
+    g = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(8, 5, generator=g), "t": torch.randn(8, 2, generator=g)}
+    stop, going = threading.Event(), threading.Event()
 
-        def flood() -> None:
-            time.sleep(0.5)  # the run is going
-            while not stop.is_set():
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                except OSError:
-                    time.sleep(0.01)
+    def flood() -> None:
+        going.wait(60)  # the run is under way
+        while not stop.is_set():
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                time.sleep(0.01)
 
-        t = threading.Thread(target=flood, daemon=True)
-        t.start()
-        try:
-            with pytest.raises(RunError) as e:
-                c.run(data_parallel_linear(2, torch.zeros(5, 2), lr=0.1, batch=8), batch, steps=20000,
-                      progress=False, timeout=30.0)
-        finally:
-            stop.set()
-            t.join()
-        msg = str(e.value)
-        assert "worker rank 1" in msg and "SIGABRT" in msg, msg
-        assert "its last words on stderr" in msg and "Too many open files" in msg, msg
-        check_dp_run(c)  # fresh workers
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(RunError) as e:
+            c.run(data_parallel_linear(2, torch.zeros(5, 2), lr=0.1, batch=8), batch, steps=20000,
+                  progress=False, timeout=30.0,
+                  on_step=lambda step, steps, loss: step == 5 and going.set())
+    finally:
+        stop.set()
+        t.join()
+    msg = str(e.value)
+    assert "worker rank 1" in msg and "SIGABRT" in msg, msg
+    assert "its last words on stderr" in msg and "Too many open files" in msg, msg
+    check_dp_run(c)  # fresh workers
