@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import sbplab as sl
+from sbplab.fmt import fmt_bytes
 from sbplab.runtime.trace import Trace, TraceEvent
 from sbplab.viz.timeline import fmt_us, timeline, timeline_bars
 from sbplab.viz.timeline_bars import select
@@ -95,6 +96,9 @@ def test_critical_path_of_a_prediction_is_outlined():
     assert ends[-1] == round((max(e.end for e in path) - t0) / 1e3, 4)  # it ends where the last step does
     assert traces(fig, "links") and any(tr.name == "send → recv" for tr in traces(fig, "links"))
     assert not traces(timeline(pred.trace), "critical")  # a bare trace has no critical path to show
+    ticks = list(fig.layout.yaxis.ticktext)  # the simulated peak memory beside each rank's compute lane
+    assert ticks[0] == f"rank 0 · compute (peak {fmt_bytes(pred.peak_memory[0])})"
+    assert "peak" not in "".join(timeline(pred.trace).layout.yaxis.ticktext)
 
 
 def test_memory_counters_draw_a_track_per_rank():

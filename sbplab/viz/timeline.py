@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import InputError, InputTypeError
+from ..fmt import fmt_bytes
 from .colors import device_color
 from .timeline_bars import (
     KINDS,
@@ -88,6 +89,8 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
         moves, module paths and SBPs before and after, the legend names mesh axes (``dp``, ``tp``).
     memory: per rank, ``[(time_us, bytes), ...]`` to draw as a memory track below the lanes; by default
         the run's measured samples (``memory_samples``) or the trace's Chrome counter events, if any.
+        A run's measured peak per rank (``RunResult.memory``; a Prediction's simulated one) is written
+        beside each rank's compute lane.
     A Prediction's critical path is outlined; a communication firing's waiting stretch is hatched.
     """
     if isinstance(other, str):
@@ -113,7 +116,13 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
     lanes = add_firings(fig, bars, t0, marks, lookup, Series(axis_names),
                         on_critical_path(bars, critical_keys(trace)))
     axis = {"row": 1, "col": 1} if tracks else {}
-    fig.update_yaxes(**lanes.axis(), **axis)
+    ticks = lanes.axis()
+    peaks = _peaks(trace)
+    if peaks:  # a run's measured (a prediction's simulated) peak memory, beside each rank's compute lane
+        ticks["ticktext"] = [f"{t} (peak {fmt_bytes(peaks[int(t.split()[1])])})"
+                             if t.endswith("· compute") and t.split()[1].isdigit() and int(t.split()[1]) in peaks
+                             else t for t in ticks["ticktext"]]
+    fig.update_yaxes(**ticks, **axis)
     if tracks:
         add_counters(fig, tracks, t0, Marks((2, 1), marks.shown), _rank_color)
         fig.update_yaxes(title_text="memory (bytes)", rangemode="tozero", row=2, col=1)
@@ -125,6 +134,15 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
         head += f", step {step}"
     _layout(fig, lanes.total + (max(1.5, lane_h * MEMORY_ROW) if tracks else 0), f"{head}: {fmt_us(span_us(bars))}")
     return fig
+
+
+def _peaks(x: Any) -> dict[int, int]:
+    """Per rank, the peak memory a RunResult measured (``memory``) or a Prediction simulated."""
+    measured = getattr(x, "memory", None)
+    if isinstance(measured, dict) and measured and all(hasattr(m, "peak") for m in measured.values()):
+        return {int(r): int(m.peak) for r, m in measured.items()}
+    simulated = getattr(x, "peak_memory", None) if hasattr(x, "step_time") else None
+    return {int(r): int(v) for r, v in simulated.items()} if isinstance(simulated, dict) else {}
 
 
 def _rank_color(rank: Any) -> str:
