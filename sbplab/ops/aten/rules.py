@@ -171,10 +171,11 @@ declare("attention", _ops(
     "_scaled_dot_product_efficient_attention.default", "_scaled_dot_product_efficient_attention_backward.default",
     "_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_cudnn_attention_backward.default",
 ), lambda n, i, o, a: nn.attention_signatures(i, o), note="batch and heads split")
+VOCAB = "weight rows split by vocabulary: a masked lookup, each rank its rows' gradient (vocab_parallel.py)"
 declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_signatures(i, o),
-        vp.embedding_localize, note="vocabulary rows split: a masked lookup")
+        vp.embedding_localize, note=VOCAB)
 declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o, a),
-        vp.embedding_backward_localize, note="vocabulary rows split: each rank its rows' gradient")
+        vp.embedding_backward_localize, note=VOCAB)
 declare("indexing", _ops("gather.default", "scatter.value", "scatter.src", "scatter_add.default"),
         lambda n, i, o, a: nn.gather_signatures(i, o, a, n == "aten.gather.default"))
 declare("indexing", _ops("index.Tensor"), lambda n, i, o, a: nn.index_signatures(i, o, a))
