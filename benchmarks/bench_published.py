@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/bench_published.py [--rows 1.7B,3.6B,7.5B] [--micro-batch 4]
 
-Each row is run as Megatron ran it: a GPT with sequence 2048 and vocabulary 51200 (the model built on the
-meta device: compiling and simulating need shapes, not weights), data parallel over the GPUs left by
+Each row is run as Megatron ran it: a GPT with sequence 2048 and vocabulary 51200 and Megatron's default
+dropouts (0.1 on the attention probabilities and on each residual branch; the model built on the meta
+device: compiling and simulating need shapes, not weights), data parallel over the GPUs left by
 tensor parallelism, global batch 512 with gradient accumulation over micro-batches, bf16 compute with fp32
 master weights, gradients and Adam states (``sl.Precision.mixed("bf16")``) and full activation
 recomputation, on ``sl.Machine.a100_cluster(GPUs / 8)`` (DGX A100 80GB, InfiniBand HDR).
@@ -25,14 +26,17 @@ are printed with this process's CPU seconds: on a shared machine the wall clock 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 import sbplab as sl
 from sbplab.models import GPT, GPTConfig
+from sbplab.models.gpt import CausalSelfAttention, FeedForward, causal_mask
 from sbplab.sim.predict import plan_of, simulate_plan
 from sbplab.sim.step_pricing import pricing_of
 
@@ -56,21 +60,57 @@ ROWS = (Row("1.7B", 24, 2304, 24, 1, 32, 137.0), Row("3.6B", 30, 3072, 32, 2, 64
         Row("7.5B", 36, 4096, 32, 4, 128, 142.0))
 
 
+DROPOUT = 0.1  # Megatron-LM's default --attention-dropout and --hidden-dropout
+
+
+class MegatronAttention(CausalSelfAttention):
+    """sbplab's GPT attention with Megatron's dropouts: on the attention probabilities (B, nh, T, T) and on
+    the output (its bias-dropout-add)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, C = x.size()
+        hs = C // self.n_head
+        q = self.q(x).view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k(x).view(B, T, self.n_head, hs).transpose(1, 2)
+        v = self.v(x).view(B, T, self.n_head, hs).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+        mask = causal_mask(T, x.device) if mask is None else mask
+        att = F.dropout(F.softmax(att + mask, dim=-1), DROPOUT, self.training)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return F.dropout(self.proj(y), DROPOUT, self.training)
+
+
+class MegatronMLP(FeedForward):
+    """sbplab's GPT MLP with Megatron's hidden dropout on its output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.fc2(self.act(self.fc1(x))), DROPOUT, self.training)
+
+
+def megatron_gpt(row: Row, dropout: bool = True) -> GPT:
+    """The row's GPT on the meta device, with Megatron's dropouts (its defaults, as Table 1 ran)."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=row.layers, n_head=row.heads,
+                              n_embd=row.hidden))
+    for block in model.blocks if dropout else ():
+        block.attn.__class__ = MegatronAttention
+        block.mlp.__class__ = MegatronMLP
+    return model
+
+
 def megatron_flops(row: Row) -> float:
     """FLOPs of one iteration with full recomputation, Narayanan et al. (SC21) eq. 3."""
     B, s, L, h, V = GLOBAL_BATCH, SEQ, row.layers, row.hidden, VOCAB
     return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
-def run(row: Row, micro_batch: int, in_graph: bool = False) -> dict[str, float]:
+def run(row: Row, micro_batch: int, in_graph: bool = False, dropout: bool = True) -> dict[str, float]:
     dp = row.gpus // row.tp
     if GLOBAL_BATCH % (micro_batch * dp):
         raise SystemExit(f"{row.name}: global batch {GLOBAL_BATCH} is not a multiple of micro-batch {micro_batch} "
                          f"x data-parallel {dp}")
     t0, c0 = time.perf_counter(), time.process_time()
-    with torch.device("meta"):
-        model = GPT(GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=row.layers, n_head=row.heads,
-                              n_embd=row.hidden))
+    model = megatron_gpt(row, dropout)
     idx = torch.zeros(GLOBAL_BATCH, SEQ, dtype=torch.int64)
     base = sl.presets.dp_tp((dp, row.tp)) if row.tp > 1 else sl.presets.data_parallel(dp)
     mixed = sl.Precision.mixed("bf16")
@@ -98,6 +138,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(r.name for r in ROWS))
     ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--no-dropout", action="store_true", help="sbplab's GPT as it is (no dropout)")
     ap.add_argument("--in-graph", action="store_true",
                     help="compile the bf16 step itself (captured under torch.autocast) instead of pricing it")
     args = ap.parse_args()
@@ -108,7 +149,7 @@ def main() -> None:
           f"{'graph TF':>8} {'MFU':>6} {'tokens/s':>9} {'exp.comm s':>10} {'compile s':>9} {'lower s':>7} "
           f"{'sim s':>6} {'total s':>7} {'cpu s':>6}   (wall seconds; cpu: this process's, load {os.getloadavg()[0]:.1f})")
     for row in rows:
-        r = run(row, args.micro_batch, args.in_graph)
+        r = run(row, args.micro_batch, args.in_graph, not args.no_dropout)
         print(f"{row.name:>5} {row.gpus:>4} {row.tp:>2} {r['M']:>2} {r['step']:>7.3f} {r['tflops']:>11.1f} "
               f"{row.published:>9.0f} {r['tflops'] / row.published:>6.3f} {r['graph']:>8.1f} {r['mfu']:>6.1%} "
               f"{r['tokens']:>9,.0f} {r['comm']:>10.3f} {r['compile']:>9.1f} {r['lower']:>7.1f} {r['simulate']:>6.1f} "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -130,11 +130,17 @@ def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str,
 
 
 def comm_cost(a: Actor, rank: int, shapes: ActorShapes, hw: Hardware,
-              extra: Mapping[str, CommInfo] | None = None) -> FiringCost:
-    """Seconds of one communication firing (the transfer, as every member sees it)."""
+              extra: Mapping[str, CommInfo] | None = None, compute_dtype: torch.dtype | None = None) -> FiringCost:
+    """Seconds of one communication firing (the transfer, as every member sees it). ``compute_dtype``: an
+    activation moved in fp32 (a forward communication, or a backward one per micro-batch) is priced at this
+    dtype's bytes, as the step's precision would move it; gradient reductions (once per step) keep theirs."""
     if not isinstance(a, (Collective, Send, Recv)):
         raise SimulationError(f"actor {a.name!r} ({a.kind}) is not a communication actor")
     info = comm_info(a, rank, shapes, (extra or {}).get(a.name))
+    metas = shapes.inputs or shapes.outputs
+    if (compute_dtype is not None and metas and metas[0].dtype == torch.float32
+            and (a.phase == "forward" or (a.phase == "backward" and a.scope == "micro"))):
+        info = replace(info, bytes_sent=int(info.bytes_sent * compute_dtype.itemsize / 4))
     quiet = comm_duration(info, hw)
     return FiringCost(quiet + hw.firing_overhead, nbytes=info.bytes_sent, overhead=hw.firing_overhead,
                       busy_extra=max(0.0, comm_duration(info, hw, busy=True) - quiet))

@@ -128,7 +128,7 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
         row_c: list[FiringCost] = []
         for a in rp.actors:
             sh = shapes[r][a.name]
-            row_c.append(comm_cost(a, r, sh, hw, known) if a.lane == "comm"
+            row_c.append(comm_cost(a, r, sh, hw, known, low) if a.lane == "comm"
                          else compute_cost(a, sh, hw, device, cost_cache, low))
         costs[r] = row_c
         busy_extra[r] = [c.busy_extra for c in row_c]
