@@ -96,3 +96,22 @@ def test_workers_respawn_while_strangers_hold_connections_open(cluster):
     assert set(cluster.pids).isdisjoint(old) and time.monotonic() - t0 < 60
     for s in silent + [trickle]:
         s.close()
+
+
+def test_one_peer_holds_at_most_four_handshakes_and_more_are_closed_on_arrival(cluster):
+    """Handshake slots are bounded per peer (this process, known through SO_PEERCRED on the Unix socket):
+    a fifth silent connection is closed at once while the four before it wait for their deadline, and a
+    worker respawn, from other processes, is not held up by them."""
+    me = ("pid", os.getpid())
+    cluster._acceptor.handshake_timeout = 60.0  # the four outlast this test, however slow the machine
+    held = [_connect(cluster) for _ in range(4)]
+    wait_until(lambda: cluster._acceptor._pending.get(me) == 4, 10, "four handshakes pending")
+    fifth = _connect(cluster)
+    fifth.settimeout(10)
+    assert fifth.recv(1) == b""  # closed on arrival, long before the handshake deadline
+    assert cluster._acceptor._pending.get(me) == 4  # the four still wait
+    cluster._kill()
+    check_dp_run(cluster)
+    for s in held + [fifth]:
+        s.close()
+    cluster._acceptor.handshake_timeout = 2.0
