@@ -1,7 +1,7 @@
 """Activation recomputation executed: ``Strategy(recompute="full" | "selective")`` clones forward ops
 into the backward (each layer, or each attention core), the backward reads the clones, the saved
-activations die after the forward (the compiled liveness peak drops), the workers really fire the
-clones during the backward, and training equals plain torch (recomputation changes no value:
+activations die after the forward (the compiled liveness peak and the peak the workers measure
+drop), the workers really fire the clones during the backward, and training equals plain torch (recomputation changes no value:
 torch.utils.checkpoint gives the values of a run without it).
 """
 
@@ -82,9 +82,14 @@ def test_workers_recompute_in_the_backward_and_train_like_torch(dp_steps):
     want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS)
     tp_full = _compile(sl.presets.tensor_parallel(2), "full", capture="aten")
     assert _clones(tp_full)
+    measured = {}  # the peak bytes each rank's runtime held (RunResult.memory)
     with sl.LocalCluster(2) as cluster:
-        for step in (dp_steps["full"], dp_steps["selective"], tp_full):
+        for step in (dp_steps["none"], dp_steps["full"], dp_steps["selective"], tp_full):
             result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
+            if step is not tp_full:
+                measured[step.strategy.recompute] = max(m.peak for m in result.memory.values())
+            if step.strategy.recompute == "none":
+                continue
             assert result.losses == pytest.approx(want, rel=1e-5), step.strategy
             for name, p in want_params.items():
                 assert torch.allclose(result.params[name].full(), p, atol=1e-5), name
@@ -96,6 +101,7 @@ def test_workers_recompute_in_the_backward_and_train_like_torch(dp_steps):
                 assert again, (step.strategy, rank)  # the clones fired
                 # ... after the forward: recomputed in the backward, not kept from the forward
                 assert min(e.start for e in again) >= max(e.end for e in forward) - 1e-3
+    assert measured["full"] < measured["selective"] < measured["none"], measured
 
 
 def test_training_options_list_what_changes_something(dp_steps):

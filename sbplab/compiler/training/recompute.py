@@ -216,13 +216,22 @@ def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], m
         stack.pop()
         if cur.outputs[0] in clones:
             continue
-        node = g.add_op(cur.type, [clones[i] if i in clones else gate(i) for i in cur.inputs], cur.attrs,
-                        name=cur.name + SUFFIX,
+        node = g.add_op(cur.type, _clone_inputs(g, cur.inputs, clones, gate), cur.attrs, name=cur.name + SUFFIX,
                         out_names=[o + SUFFIX for o in cur.outputs], phase="backward", module=cur.module,
                         source=cur.source, forward_op=cur.name)
         made.append(node)
         clones.update(zip(cur.outputs, node.outputs))
     return clones[tensor]
+
+
+def _clone_inputs(g: Graph, inputs: list[str], clones: dict[str, str], gate: Callable[[str], str]) -> list[str]:
+    """A clone's inputs: its region's clones, activations from outside through ``gate``, parameters and
+    constants as they are (always alive; gating them would only alias them), unless a clone reads
+    nothing else (the weight cast of a mixed-precision layer), which then waits through its first."""
+    out = [clones[i] if i in clones else i if g.tensors[i].is_source else gate(i) for i in inputs]
+    if inputs and all(g.tensors[i].is_source for i in inputs):
+        out[0] = gate(inputs[0])
+    return out
 
 
 def _move_before(g: Graph, made: list[OpNode], index: int) -> None:
