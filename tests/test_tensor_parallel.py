@@ -84,6 +84,7 @@ def test_zoo_gpt_tensor_and_sequence_parallel_train_like_torch(cluster):
     # input are all-gathered, plus the logits: 6 all-gathers; no all-reduce
     fwd = Counter({k: v for k, v in _counts(seq).items() if k[0] == "forward"})
     assert fwd == Counter({("forward", "reduce_scatter"): 5, ("forward", "all_gather"): 6})
+    assert ("backward", "all_to_all") not in _counts(seq)  # row outputs' gradients gathered, not re-split
     assert seq.deduction.sbp["blocks.0.ln_2.weight"] == (sl.B,)
     want, params = sl.torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=LR), 2)
     for step in (plain, seq):

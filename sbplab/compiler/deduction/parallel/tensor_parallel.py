@@ -189,6 +189,9 @@ def _pair_hints(ctx: _Ctx, pairing: Pairing) -> list[Hint]:
         why = "sequence parallel: the output reduce-scattered over the sequence" if ctx.sequence_parallel \
             else "Megatron g: the output is all-reduced"
         _hint(_glob_for(o, pairing.row), [o], ctx.between_blocks(o), why, out, role="activation")
+        g = graph.tensor_grads.get(o)
+        if ctx.sequence_parallel and g is not None:  # the backward of the reduce-scatter: an all-gather
+            _hint(escape(g), [g], ctx.whole(), "sequence parallel: the output's gradient all-gathered", out, use=True)
     return out
 
 
