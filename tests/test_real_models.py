@@ -5,7 +5,8 @@ parameter equals plain single-device torch.
 Tensor parallel finds its Megatron pairs from each captured graph's structure (the preset's default
 globs name no layer of these models): a layer with a weight whose input is not split is a column
 candidate, one that reads a column's split on its contracted dim a row, and every op between them
-must keep the split (see ``compiler/deduction/megatron.py``).
+must keep the split (see ``compiler/deduction/megatron.py``). The corpus's tensor-parallel strategies
+also split the embedding and the output layer over the vocabulary (``vocab=True``).
 
 BatchNorm (ResNet) is synchronised: its statistics are sums over the whole batch, so data parallel,
 ZeRO and DP x TP equal one device; with micro-batches (the pipeline) each micro-batch has its own

@@ -56,7 +56,7 @@ class PairGroup:
 
 @dataclass
 class Pairing:
-    """What a Megatron rule found in one graph: groups, and row candidates no column reaches."""
+    """What a tensor-parallel rule found in one graph: groups, and row candidates no column reaches."""
 
     groups: list[PairGroup]
     lonely_rows: dict[str, str]  # row candidate op -> why it has no column partner

@@ -70,7 +70,7 @@ class Hint:
     input_grad: int | None = None  # pattern names forward ops; the hint is on the total gradient of their input
     pin: bool = False  # consumers must read it as stored: no signature that would box it (Megatron weights)
     required: bool = True  # matching nothing is an error (False for presets' hints, which may miss)
-    only: tuple[str, ...] | None = None  # of the pattern's matches, only these (names a MegatronRule resolved)
+    only: tuple[str, ...] | None = None  # of the pattern's matches, only these (names a parallelism rule resolved)
 
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
@@ -244,7 +244,7 @@ class Strategy:
     def explain(self, model: Any, example_inputs: Any = None, loss_fn: Callable | None = None,
                 target: Any = None) -> str:
         """Per hint, what it matches in ``model`` (a torch module, a Graph or a compiled step); per
-        Megatron rule, which layers it paired and why others were left replicated."""
+        parallelism rule what it did (tensor parallel: which layers it paired and why others were not)."""
         from .hint_report import training_graph
 
         graph = training_graph(model, example_inputs, loss_fn, target, self.micro_batches)
@@ -274,7 +274,7 @@ class Strategy:
 
     def resolve_hints(self, graph: Graph) -> tuple[dict[str, tuple[NdSbp, Hint]], dict[str, tuple[NdSbp, Hint]]]:
         """Per tensor: (store SBP, hint) and (use SBP, hint); disagreeing hints raise HintError, and so
-        does a required hint (or a strict Megatron rule's glob) that matches nothing."""
+        does a required hint (or a TensorParallel rule's own glob) that matches nothing."""
         from .hint_report import unmatched_message
 
         report = self.match_report(graph)
