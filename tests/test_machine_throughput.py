@@ -97,3 +97,20 @@ def test_a_graph_that_recomputes_itself_is_priced_as_it_is():
     c = sl.compile(model, (x,), loss_fn=GPT.loss_fn, target=y, optimizer=sl.Adam(lr=1e-3), strategy=st)
     p = pricing_of(c)
     assert not p.recomputed and p.recompute_flops > 0  # the clones are in the graph: nothing added twice
+
+
+def test_activations_move_at_the_compute_dtype_gradient_reductions_at_their_own():
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    (x,), y = model.example_batch(B)
+    c = sl.compile(model, (x,), loss_fn=GPT.loss_fn, target=y, optimizer=sl.Adam(lr=1e-3),
+                   strategy=sl.presets.dp_tp((2, 2), micro_batches=2))
+    m = sl.Machine.h100_node()
+    fp32, mixed = sl.simulate(c, m), sl.simulate(_with(c, precision=sl.Precision.mixed("bf16")), m)
+    actors = c.plan().ranks[0].actors
+    ratios: dict[tuple[str, str], set[float]] = {}
+    for i, a in enumerate(actors):
+        if a.lane == "comm" and fp32.sent_bytes[0][i]:
+            ratios.setdefault((a.phase, a.scope), set()).add(round(mixed.sent_bytes[0][i] / fp32.sent_bytes[0][i], 3))
+    assert ratios[("forward", "micro")] == {0.5} and ratios[("backward", "micro")] == {0.5}
+    assert ratios[("backward", "step")] == {1.0}  # the gradients' reduction, in Precision.grad = fp32
