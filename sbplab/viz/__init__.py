@@ -13,12 +13,15 @@ from .dot import DotPicture, dot_available
 from .graph_dot import logical_dot, logical_picture
 from .layout_picture import DeviceBlock, LayoutPicture, dtype_short, layout_picture, type_string
 from .physical_dot import physical_dot, physical_picture
+from .register_diagram import register_picture, run_ahead
+from .ring_picture import ring_picture, ring_run, ring_steps
 from .timeline import compare_timelines, makespan_us, timeline, timeline_bars
 from .zoom_box import zoom_box
 
 __all__ = [
     "DeviceBlock", "DotPicture", "LayoutPicture", "comm_chart", "comm_rows", "comm_table",
     "compare_timelines", "dot_available", "dtype_short", "layout_picture", "logical_dot", "logical_picture",
-    "makespan_us", "memory_chart", "physical_dot", "physical_picture", "timeline", "timeline_bars",
+    "makespan_us", "memory_chart", "physical_dot", "physical_picture", "register_picture", "ring_picture",
+    "ring_run", "ring_steps", "run_ahead", "timeline", "timeline_bars",
     "type_string", "zoom_box",
 ]
