@@ -106,7 +106,7 @@ def test_pipeline_stages_and_point_to_point_edges():
     assert re.findall(r'subgraph "cluster_stage(\d+)"', dot) == ["0", "1"]
     stage0 = dot[dot.index('cluster_stage0'):dot.index('cluster_stage1')]
     assert 'cluster_rank0' in stage0 and 'cluster_rank1' not in stage0
-    p2p = [(a, b) for a, b, attrs in (m.groups() for m in EDGE.finditer(dot)) if attrs and "#c0392b" in attrs]
+    p2p = [(a, b) for a, b, attrs in (m.groups() for m in EDGE.finditer(dot)) if attrs and "#d55e00" in attrs]
     sends = [c for c in phys.collectives if c.kind == "send_recv"]
     assert len(p2p) == len(sends) and sends
     for a, b in p2p:

@@ -2,7 +2,7 @@
 every boxing step highlighted with its collective and the bytes this rank sends.
 
 Edges carry the local shape and the SBP the shard is a piece of. Members of one collective are
-joined by a dashed orange line across ranks, send/recv pairs by a red arrow, so the global
+joined by a dashed orange line across ranks, send/recv pairs by a vermillion arrow (Okabe-Ito), so the global
 collective order can be read off the picture. With the logical graph at hand, repeated layers
 collapse per rank exactly as in the logical picture. Rank clusters sit two to a row (``columns``),
 further rows below, so a picture of four ranks keeps readable text in a notebook's width.
@@ -141,7 +141,7 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
             p = phys.nodes[ref.node]
             label = _edge_label(p, ref.out, n, k)
             if p.rank != n.rank:  # a point-to-point transfer between ranks
-                edges.append(edge(src, dst, label=label, color="#c0392b", style="bold", constraint="false"))
+                edges.append(edge(src, dst, label=label, color="#d55e00", style="bold", constraint="false"))
             else:
                 edges.append(edge(src, dst, label=label))
     for c in phys.collectives:  # tie the members of each collective together across ranks
@@ -149,7 +149,7 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
         for a, b in zip(members, members[1:]):
             if (a, b) not in seen and a != b:
                 seen.add((a, b))
-                edges.append(edge(a, b, dir="none", style="dashed", color="#e07b24", constraint="false"))
+                edges.append(edge(a, b, dir="none", style="dashed", color="#e69f00", constraint="false"))
     stage_of = _stages(phys)
     body: list[str] = []
     stages = sorted({stage_of.get(r, 0) for r in want})
