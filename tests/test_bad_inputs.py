@@ -253,6 +253,15 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      ("candidates[0]", "4 ranks", "devices=2")),
 ]
 
+# errors that only a cluster used from two threads shows: their messages are constants of the runtime, and
+# tests/faults/test_one_run_at_a_time.py makes each happen and checks it equals the constant
+THREAD_CASES: list[tuple[str, str, str, str]] = [
+    ("a second run while one is going", "cluster.run(step, batch)  # from another thread, or from on_step",
+     "ClusterError", "BUSY_MESSAGE"),
+    ("close() while a run is going", "cluster.close()  # from another thread", "ClusterError",
+     "CLOSED_DURING_RUN_MESSAGE"),
+]
+
 _SANITIZE = [
     (re.compile(r"\('(127\.0\.0\.1|::1|localhost)', \d+\)"), "(HOST, PORT)"),
     (re.compile(r"\b(127\.0\.0\.1|localhost):\d+\b"), "HOST:PORT"),
@@ -370,6 +379,12 @@ def render(ns: dict) -> str:
             msg = sanitize(str(err))
         cell = msg.replace("|", "\\|").replace("\n", "<br>")
         out.append(f"| {what} | `{code}` | {kind} | {cell} |")
+    from sbplab.runtime import driver
+
+    out += ["", "## One cluster, two threads", "", "| situation | code | error | message |", "|---|---|---|---|"]
+    for what, code, cls, const in THREAD_CASES:
+        base = _builtin_base(getattr(sl, cls))
+        out.append(f"| {what} | `{code}` | `{cls}` ({base}) | {getattr(driver, const)} |")
     return "\n".join(out) + "\n"
 
 

@@ -51,7 +51,7 @@ from .carry import StateStore, with_state, without_inits
 from .checkpoint import blocks_of, check_fits, checkpoint_path, exchange, initial_values
 from .checkpoint_worker import CheckpointRequest
 from .chunks import check_every, chunk_batches, merge_results
-from .driver import Driver, RunOptions
+from .driver import BUSY_MESSAGE, CLOSED_DURING_RUN_MESSAGE, Driver, RunOptions
 from .faults import RunError
 from .progress import step_bar
 from .results import RunResult
@@ -74,16 +74,14 @@ def _one_run_at_a_time(run: Callable) -> Callable:
     @functools.wraps(run)
     def exclusive(self: LocalCluster, *args: Any, **kwargs: Any) -> Any:
         if not self._run_lock.acquire(blocking=False):
-            raise ClusterError("this LocalCluster is busy: another run is going on it (from another thread, or "
-                               "from on_step); wait for it to finish, or use a second LocalCluster")
+            raise ClusterError(BUSY_MESSAGE)
         try:
             return run(self, *args, **kwargs)
         except (ClusterError, KeyboardInterrupt):
             raise
         except BaseException as e:
             if self.closed:
-                raise ClusterError("the run was stopped because the cluster was closed (close() was called, "
-                                   "from another thread, while it ran)") from e
+                raise ClusterError(CLOSED_DURING_RUN_MESSAGE) from e
             raise
         finally:
             self._run_lock.release()

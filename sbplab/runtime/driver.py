@@ -41,6 +41,11 @@ from .wire import recv, send
 
 PEER_DEATH_GRACE_S = 1.0  # after a rank's communication fails, how long to look for a peer that died
 STDERR_LINES_QUOTED = 12  # of a dead worker's stderr, in the error
+# the two ClusterErrors of a cluster used from two threads (docs/errors.md shows them)
+BUSY_MESSAGE = ("this LocalCluster is busy: another run is going on it (from another thread, or from on_step); "
+                "wait for it to finish, or use a second LocalCluster")
+CLOSED_DURING_RUN_MESSAGE = ("the run was stopped because the cluster was closed (close() was called, from another "
+                             "thread, while it ran); create a new LocalCluster to run again")
 
 
 @dataclass
@@ -214,8 +219,7 @@ class Driver:
         except (EOFError, OSError, ValueError, RunError) as e:
             self.healthy = False
             if self.closing:  # close() from another thread took the workers away: not a crash
-                raise ClusterError(f"the run of {plan.name!r} was stopped because the cluster was closed "
-                                   f"(close() was called, from another thread, while it ran)") from e
+                raise ClusterError(CLOSED_DURING_RUN_MESSAGE) from e
             if isinstance(e, (EOFError, OSError)):  # a worker went away before the run got going (pings, specs)
                 for r, p in enumerate(self.procs):  # a spawned one that died: its exit code and last words
                     p.join(timeout=0.5)
