@@ -8,6 +8,13 @@ GPT on 64 devices (with and without pipeline spaces); "exact" < 60 s for a 24-la
 
     .venv/bin/python benchmarks/bench_search.py            # the whole table (a few minutes)
     .venv/bin/python benchmarks/bench_search.py --one gpt24 8 exact
+    .venv/bin/python benchmarks/bench_search.py --real     # the two real-size figures only
+
+Real sizes, with sl.search's defaults (the simulated re-rank of the finalists and every preset included),
+each in a fresh process: transformers GPT-2 small (124M, ``GPT2Config()``, built on the meta device,
+batch 8 x 1024 tokens) on 8 H100 (goal: under 10 s and 2 GB of host memory), and a 16-layer GPT (768
+wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The machine's load average
+is printed beside them: on a shared machine the seconds grow with it.
 """
 
 from __future__ import annotations
@@ -78,13 +85,63 @@ def one(name: str, devices: int, method: str, pipelines: bool, rerank: bool) -> 
     return out
 
 
+def real(name: str) -> dict:
+    """One real-size search with the defaults (re-rank included): seconds and peak host memory."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    if name == "gpt2_small":
+        import transformers as tf
+
+        with torch.device("meta"):
+            m = tf.GPT2LMHeadModel(tf.GPT2Config(bos_token_id=0, eos_token_id=0))
+        x = torch.zeros(8, 1024, dtype=torch.int64)
+        args, kw = (m, {"input_ids": x, "labels": x}), {"devices": 8, "hardware": sl.Hardware.h100_node()}
+    else:
+        m, xs, y, loss_fn = _model("gpt16", 64)
+        args = (m, xs)
+        kw = {"loss_fn": loss_fn, "target": y, "devices": 64, "hardware": sl.Hardware.h100_ib(8)}
+    t0 = time.perf_counter()
+    res = sl.search(*args, **kw)
+    return {"model": name, "search_s": time.perf_counter() - t0,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, "best": res.best.describe(),
+            "model_used": res.model, "step_ms": res.figure(res.best).step_time * 1e3}
+
+
+def _real_rows(timeout: int) -> None:
+    import os
+
+    print(f"real sizes, sl.search defaults (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    for name, goal in (("gpt2_small", "8 H100: goal < 10 s, < 2 GB"), ("gpt16", "64 H100: goal < 30 s")):
+        try:
+            p = subprocess.run([sys.executable, __file__, "--real-one", name], capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name:<11} timed out after {timeout} s ({goal})")
+            continue
+        if p.returncode:
+            print(f"{name:<11} failed: {p.stderr.strip().splitlines()[-1][:150]}")
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        print(f"{name:<11} {r['search_s']:8.1f} s  {r['peak_rss_gb']:5.2f} GB  ({goal})  {r['best']}: "
+              f"{r['step_ms']:.4g} ms ({r['model_used']})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "DEVICES", "METHOD"))
     ap.add_argument("--no-pipelines", action="store_true")
     ap.add_argument("--rerank", action="store_true", help="also time compiling and simulating the winner")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    ap.add_argument("--real", action="store_true", help="only the two real-size figures")
+    ap.add_argument("--real-one", metavar="MODEL", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.real_one:
+        print(json.dumps(real(args.real_one)))
+        return
+    if args.real:
+        _real_rows(max(args.timeout, 900))
+        return
     if args.one:
         name, dev, meth = args.one
         print(json.dumps(one(name, int(dev), meth, not args.no_pipelines, args.rerank)))
@@ -110,6 +167,7 @@ def main() -> None:
         if "compile_simulate_s" in r:
             print(f"{'':>10}compile + simulate of the winner: {r['compile_simulate_s']:.2f} s "
                   f"({r.get('simulated_ms', r.get('simulate_error'))})")
+    _real_rows(max(args.timeout, 900))
 
 
 if __name__ == "__main__":
