@@ -14,7 +14,10 @@ How a strategy maps (``mode``):
   too (``shard_batch``); DTensor's propagation then runs the same collectives. Data parallel and
   DP x TP on a 2-D mesh take this road (``plan`` still lists the ParallelStyle of each TP layer).
 - ``fully_shard``: ZeRO on a 1-D mesh is FSDP2; stage 3 reshards after forward, stage 2 does not.
-What DTensor cannot say is listed in ``unsupported``: pipeline stages (``torch.distributed.pipelining``
+Ops with no DTensor rule (CPU attention) run through ``local_map`` with sbplab's placements
+(``local_maps``; ``with exp.running():`` around forward and backward); ``sbplab.export.coverage(step)``
+says, op by op, which ops DTensor's own propagation runs as sbplab does. Tied weights (an LM head sharing
+the embedding) stay one DTensor under both names. What DTensor cannot say is listed in ``unsupported``: pipeline stages (``torch.distributed.pipelining``
 with the stage cuts given), signature hints, gradient accumulation, uneven splits.
 """
 

@@ -32,6 +32,9 @@ def _batch_lines(exp: DTensorExport, local: bool) -> list[str]:
 def code(exp: DTensorExport) -> str:
     head = [f"# {exp.strategy}: DTensor mode {exp.mode}"]
     head += [f"# not expressible in DTensor: {u}" for u in exp.unsupported]
+    head += [f"# DTensor has no rule here, run it through {c.describe()}" for c in exp.local_maps]
+    if exp.local_maps:
+        head.append("# (exp.running() does that: with exp.running(): loss = ...; loss.backward())")
     if exp.mode == "pipeline":
         return "\n".join(head + ["raise NotImplementedError('pipeline: see torch.distributed.pipelining above')"])
     if exp.mode == "parallelize_module":
