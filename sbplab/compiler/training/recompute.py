@@ -173,31 +173,38 @@ def apply_recompute(g: Graph, mode: str) -> RecomputeReport:
                     g.tensors[clones[t]].consumers.append(c.name)
                 c.inputs = [clones[t] if i == t else i for i in c.inputs]
             report.freed.append(t)
-        report.regions[key] = [op.forward_op for op in made if op.forward_op]
+        report.regions[key] = [op.forward_op for op in made if op.type != "after"]
     g.validate()
     return report
 
 
 def _token(g: Graph, index: int) -> str:
-    """A backward tensor made just before op ``index``: what the region's recomputation waits for."""
+    """What the region's recomputation waits for: a gradient that op ``index`` (the region's first
+    backward reader) reads itself, so the token is where that op runs (no transfer between pipeline
+    stages just to order); else the backward tensor made just before it."""
+    for i in g.ops[index].inputs:
+        p = g.producer(i)
+        if p is not None and p.phase == "backward":
+            return i
     for op in reversed(g.ops[:index]):
         if op.phase == "backward":
             return op.outputs[0]
     raise ValueError(f"no backward op before op {index}: nothing to order the recomputation after")
 
 
-def _gate(g: Graph, x: str, token: str, gated: dict[str, str], made: list[OpNode]) -> str:
-    """``x`` read through ``after(x, token)`` (once per region): the clones fire in the backward."""
+def _gate(g: Graph, x: str, owner: OpNode, token: str, gated: dict[str, str], made: list[OpNode]) -> str:
+    """``x`` read through ``after(x, token)`` (once per region): the clones fire in the backward. It
+    belongs with ``owner``, the forward op whose clone reads it (a pipeline puts it on that stage)."""
     if x not in gated:
-        t = g.tensors[x]
-        node = g.add_op("after", [x, token], name=f"{x}.after", phase="backward", module=t.module)
+        node = g.add_op("after", [x, token], name=f"{x}.after", phase="backward", module=owner.module,
+                        forward_op=owner.name)
         made.append(node)
         gated[x] = node.outputs[0]
     return gated[x]
 
 
 def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], made: list[OpNode],
-              gate: Callable[[str], str]) -> str:
+              gate: Callable[[str, OpNode], str]) -> str:
     """The recomputed twin of ``tensor``, cloning its producer (and, first, the producers of its
     inputs) while they are in the region; anything made outside the region is read through ``gate``."""
     if tensor in clones:
@@ -216,7 +223,7 @@ def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], m
         stack.pop()
         if cur.outputs[0] in clones:
             continue
-        node = g.add_op(cur.type, _clone_inputs(g, cur.inputs, clones, gate), cur.attrs, name=cur.name + SUFFIX,
+        node = g.add_op(cur.type, _clone_inputs(g, cur, clones, gate), cur.attrs, name=cur.name + SUFFIX,
                         out_names=[o + SUFFIX for o in cur.outputs], phase="backward", module=cur.module,
                         source=cur.source, forward_op=cur.name)
         made.append(node)
@@ -224,13 +231,14 @@ def _clone_to(g: Graph, tensor: str, inside: set[str], clones: dict[str, str], m
     return clones[tensor]
 
 
-def _clone_inputs(g: Graph, inputs: list[str], clones: dict[str, str], gate: Callable[[str], str]) -> list[str]:
+def _clone_inputs(g: Graph, op: OpNode, clones: dict[str, str], gate: Callable[[str, OpNode], str]) -> list[str]:
     """A clone's inputs: its region's clones, activations from outside through ``gate``, parameters and
     constants as they are (always alive; gating them would only alias them), unless a clone reads
     nothing else (the weight cast of a mixed-precision layer), which then waits through its first."""
-    out = [clones[i] if i in clones else i if g.tensors[i].is_source else gate(i) for i in inputs]
+    inputs = op.inputs
+    out = [clones[i] if i in clones else i if g.tensors[i].is_source else gate(i, op) for i in inputs]
     if inputs and all(g.tensors[i].is_source for i in inputs):
-        out[0] = gate(inputs[0])
+        out[0] = gate(inputs[0], op)
     return out
 
 
