@@ -14,6 +14,10 @@ per (collective kind, mesh axis, group size) an alpha-beta fit, per compute op i
 input shapes, dtype, device) its measured time, the runtime's overhead per actor firing, and the
 cores the ranks share. Every query falls back to the spec-sheet figures (a roofline for compute)
 where nothing was measured, and says which it used, so a prediction can tell measured from modelled.
+
+A ``Machine`` (``machine.py``) is a Hardware that describes the cluster rather than a mesh: nodes of
+devices, link levels and a device model with achievable efficiency; the link of a collective follows
+from its ranks there, not from its mesh axis.
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ def plan_of(step: Any) -> tuple[ActorPlan, dict[str, TensorMeta], dict[str, Comm
 
 def _check(plan: ActorPlan, hw: Hardware, steps: int) -> None:
     if not isinstance(hw, Hardware):
-        raise SimulationError(f"simulate needs a Hardware (sl.Hardware.cpu_box(), .h100_node(), a calibrated "
-                              f"one), got {type(hw).__name__}")
+        raise SimulationError(f"simulate needs a Machine or Hardware (sl.Machine.a100_cluster(4), .h100_node(), "
+                              f"sl.Hardware.cpu_box(), a calibrated one), got {type(hw).__name__}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise SimulationError(f"steps must be an int >= 1 (>= 2 for a steady-state step time), got {steps!r}")
     if not any(rp.actors for rp in plan.ranks.values()):
