@@ -26,32 +26,37 @@ def _slow_plan(mark: str, ms: float) -> ActorPlan:
     return ActorPlan.build(2, ranks, name="slow")
 
 
-def test_a_second_run_from_another_thread_is_refused_as_busy(tmp_path):
-    with LocalCluster(2) as c:
-        check_dp_run(c)
-        mark = tmp_path / "reached"
-        box: dict = {}
-        t = threading.Thread(target=lambda: box.setdefault("res", c.run(_slow_plan(str(mark), 1500), steps=2,
-                                                                         progress=False, timeout=60)))
-        t.start()
-        wait_until(mark.exists, 60, "the first run reaching its kernel")
-        with pytest.raises(ClusterError, match="busy: another run is going") as e:
-            check_dp_run(c)
-        assert str(e.value) == BUSY_MESSAGE  # as docs/errors.md shows it
-        t.join(60)
-        assert [float(v[0]) for v in box["res"].outputs["sum"]] == [2.0, 2.0]  # the first run finished
-        check_dp_run(c)  # and the cluster takes the next one
-
-
-def test_close_from_another_thread_reads_as_a_close():
+@pytest.fixture(scope="module")
+def cluster():
+    """One cluster for both tests (the second closes it), and what this process held before it started."""
     before = Snapshot.take()
     c = LocalCluster(2)
+    yield c, before
+    c.close()
+
+
+def test_a_second_run_from_another_thread_is_refused_as_busy(cluster, tmp_path):
+    c, _ = cluster
+    check_dp_run(c)
+    mark = tmp_path / "reached"
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("res", c.run(_slow_plan(str(mark), 1500), steps=2,
+                                                                     progress=False, timeout=60)))
+    t.start()
+    wait_until(mark.exists, 60, "the first run reaching its kernel")
+    with pytest.raises(ClusterError, match="busy: another run is going") as e:
+        check_dp_run(c)
+    assert str(e.value) == BUSY_MESSAGE  # as docs/errors.md shows it
+    t.join(60)
+    assert [float(v[0]) for v in box["res"].outputs["sum"]] == [2.0, 2.0]  # the first run finished
+    check_dp_run(c)  # and the cluster takes the next one
+
+
+def test_close_from_another_thread_reads_as_a_close(cluster, tmp_path):
+    c, before = cluster
     check_dp_run(c)
     pids, address = list(c.pids), c.address
-    import tempfile
-    from pathlib import Path
-
-    mark = Path(tempfile.mkdtemp()) / "reached"
+    mark = tmp_path / "reached"
     closer = threading.Thread(target=lambda: (wait_until(mark.exists, 60, "the run reaching its kernel"), c.close()))
     closer.start()
     with pytest.raises(ClusterError, match="closed") as e:
