@@ -273,7 +273,7 @@ def test_bad_input_names_what_is_wrong():
     hw = sl.Hardware.cpu_box()
     with pytest.raises(SimulationError, match="Compiled step .* or an ActorPlan"):
         simulate("plan", hw)
-    with pytest.raises(SimulationError, match="needs a Hardware"):
+    with pytest.raises(SimulationError, match="needs a Machine or Hardware"):
         simulate(plan, "cpu", feeds={"x": (4, 4), "t": (4, 3)})
     with pytest.raises(SimulationError, match="steps must be an int >= 1"):
         simulate(plan, hw, steps=0, feeds={"x": (4, 4), "t": (4, 3)})
