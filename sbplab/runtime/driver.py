@@ -168,8 +168,9 @@ class Driver:
     def _check_procs(self, when: str) -> None:
         for r, p in enumerate(self.procs):
             if not p.is_alive():
+                auth = self.auth_report() if self.auth_report is not None else ""
                 raise RunError("setup", f"worker rank {r} exited with code {p.exitcode} {when}"
-                                        f"{self._last_words(r)}", r)
+                                        + (f" ({auth})" if auth else "") + self._last_words(r), r)
 
     def _last_words(self, r: int) -> str:
         """What spawned rank ``r`` last wrote to stderr (the cause of a C++ abort is only there), as an
