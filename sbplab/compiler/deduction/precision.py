@@ -10,6 +10,10 @@ a copy cast to ``compute`` precision feeds the forward and backward, gradients a
 in its backward (Megatron's full recomputation, ``torch.utils.checkpoint`` per layer), and
 ``"selective"`` recomputes only the cheap, large ones (attention's softmax and dropout, Megatron-LM
 v3's selective recomputation).
+
+How the compiled step executes them: ``compiler/training/precision_pass.py`` (the step captured under
+``torch.autocast``; fp16 is refused, as it needs loss scaling) and ``compiler/training/recompute.py``
+(forward ops cloned into the backward; random ops such as dropout stay saved rather than recomputed).
 """
 
 from __future__ import annotations
