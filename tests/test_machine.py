@@ -135,13 +135,15 @@ def test_every_mesh_choice_simulates_the_same_on_its_view_and_on_the_machine(mac
     assert seen_ndims == {1, 2}
 
 
-def test_search_prediction_is_the_users_machine_prediction():
+@pytest.mark.parametrize("machine,ndim", [(sl.Machine.h100_cluster(2), 2), (sl.Hardware.h100_ib(2), 1)],
+                         ids=["h100-ib-2d", "h100_ib-1d"])
+def test_search_prediction_is_the_users_machine_prediction(machine, ndim):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
     x, y = torch.randn(64, 64), torch.randn(64, 64)
-    machine = sl.Machine.h100_cluster(2)
     res = sl.search(m, (x,), loss_fn=torch.nn.functional.mse_loss, target=y, optimizer=sl.SGD(lr=0.1),
-                    devices=16, hardware=machine, method="cd", time_budget=20, rerank_top=1, pipelines=False)
+                    devices=16, hardware=machine, method="cd", time_budget=20, rerank_top=1, pipelines=False,
+                    max_mesh_ndim=ndim)
     assert res.predicted.source == "simulator"
     step = sl.compile(m, (x,), loss_fn=torch.nn.functional.mse_loss, target=y, optimizer=sl.SGD(lr=0.1),
                       strategy=res.strategy)
