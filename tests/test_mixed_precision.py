@@ -117,3 +117,19 @@ def test_fp16_and_fx_capture_are_refused():
         _compile(model, idx, targets, sl.presets.data_parallel(2), sl.Precision.mixed("fp16"))
     with pytest.raises(sl.GraphError, match="autocast"):
         _compile(model, idx, targets, sl.presets.data_parallel(2), BF16, capture="fx")
+
+
+def test_adam_with_bf16_gradients_and_moments_equals_torch():
+    """Adam reads a bf16 gradient and bf16 moments (loaded in fp32, stored back in bf16); one device."""
+    model, idx, targets = _gpt()
+    prec = sl.Precision(compute="bf16", grad="bf16", optim_state="bf16")
+    opt = sl.Adam(lr=1e-3)
+    step = _compile(model, idx, targets, sl.Strategy(sl.Placement("cpu", [0])), prec, opt)
+    moments = [s for s in step.graph.state_updates if s.endswith(("exp_avg", "exp_avg_sq"))]
+    assert moments and all(step.graph.tensors[s].meta.dtype == torch.bfloat16 for s in moments)
+    ex = step.executor()
+    losses = [ex.step({"idx": idx, "target": targets}) for _ in range(STEPS)]
+    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=prec)
+    assert losses == pytest.approx(want, rel=1e-6)
+    for name, p in want_params.items():
+        assert torch.allclose(ex.value(name), p, atol=1e-6, rtol=0), name
