@@ -180,11 +180,27 @@ def _dim_names(mesh: Any, data_axes: set[int], tp_axes: set[int]) -> tuple[str, 
 
 
 def _weight_users(g: Any) -> dict[str, tuple[str, str]]:
-    """Weight tensor -> (module path, op type) of the forward op reading it as input 1."""
+    """Weight tensor -> (module path, kind) of the forward op reading it: sbplab's ``linear``/``embedding``
+    (input 1), or on a captured ATen graph ``aten.t``/``aten.permute`` of a 2-D weight (an nn.Linear,
+    "linear"), ``aten.embedding`` (input 0), and a weight read straight by ``mm``/``addmm`` ("conv1d": a
+    transformers Conv1D stores (in, out), which no ParallelStyle takes)."""
     out: dict[str, tuple[str, str]] = {}
     for op in g.ops_in("forward"):
-        if len(op.inputs) > 1 and op.inputs[1] in g.params and op.inputs[1].endswith(".weight"):
-            out.setdefault(op.inputs[1], (op.inputs[1][: -len(".weight")], op.type))
+        ins = [t for t in op.inputs if t in g.params and t.endswith(".weight")]
+        if not ins:
+            continue
+        w = ins[0]
+        module = w[: -len(".weight")]
+        if len(op.inputs) > 1 and op.inputs[1] == w and op.type in ("linear", "embedding", "conv2d"):
+            out.setdefault(w, (module, op.type))
+        elif op.type == "aten.embedding.default" and op.inputs[0] == w:
+            out.setdefault(w, (module, "embedding"))
+        elif op.type in ("aten.t.default", "aten.permute.default") and len(g.tensors[w].meta.shape) == 2:
+            out.setdefault(w, (module, "linear"))
+        elif op.type in ("aten.mm.default", "aten.addmm.default"):
+            out.setdefault(w, (module, "conv1d"))
+        elif op.type.startswith("aten.convolution"):
+            out.setdefault(w, (module, "conv2d"))
     return out
 
 
@@ -204,7 +220,11 @@ def _plan(g: Any, params: dict[str, tuple], tp: int) -> dict[str, str]:
 
 
 def _covered(g: Any, params: dict[str, tuple], plan: dict[str, str], tp: int) -> bool:
-    """Every split parameter belongs to a planned module (so parallelize_module says it all)."""
+    """Every split parameter belongs to a planned module (so parallelize_module says it all). A captured
+    ATen graph keeps the ``distribute`` road (its plan is listed, not applied): its forward, written for
+    whole tensors, reads shapes that parallelize_module's local shards would change."""
+    if any("." in op.type for op in g.ops_in("forward")):
+        return False
     for p, nd in params.items():
         if isinstance(nd[tp], Split) and p.rsplit(".", 1)[0] not in plan:
             return False
