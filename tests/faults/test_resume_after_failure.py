@@ -1,5 +1,6 @@
 """A failure loses nothing already kept: a worker SIGKILLed, stopped (the run hangs) or raising in step 15 of
-a 30-step run with ``checkpoint_every=5`` leaves the state after step 10 on the driver; the RunError
+a 30-step run with ``checkpoint_every=5`` leaves the state after step 10 on the driver (or after step 15, when
+the workers finish that chunk before the driver's signal lands); the RunError
 says so, and the next run, on fresh workers, trains on exactly like the run that never failed (the
 same holds at any length: 200 steps, killed at step 54 with checkpoint_every=10, keep step 50)."""
 
@@ -46,12 +47,17 @@ def test_a_failure_in_step_15_keeps_step_10_and_the_next_run_continues_from_it(s
         cluster.run(step, batches, steps=30, progress=False, restart=True, checkpoint_every=5, on_step=strike,
                     timeout=1.0)
     e = err.value
+    kept = e.kept_step
+    # a raise in step 15 keeps step 10; a signal sent from the driver's on_step may land after the workers
+    # (which run ahead of the driver) finished the chunk of steps 11-15: then step 15 is kept, and the
+    # failure shows at the next chunk's start
+    assert kept == 10 if how == "raise" else kept in (10, 15)
     assert e.kind == {"sigkill": "died", "hang": "hang", "raise": "exception"}[how]
-    assert e.kept_step == 10 and "The state after step 10 is kept (on the driver)" in str(e)
-    assert seen == list(range(14))  # on_step counts over the whole run; step 15 never finished
-    assert e.partial.losses == whole.losses[:10] and e.partial.steps == 10  # the kept steps' results
-    rest = cluster.run(step, batch, steps=20, progress=False)  # fresh workers, from the driver's copy
-    assert rest.losses == whole.losses[10:]
+    assert f"The state after step {kept} is kept (on the driver)" in str(e)
+    assert seen == list(range(max(14, kept)))  # on_step counts over the whole run; step 15 did not finish
+    assert e.partial.losses == whole.losses[:kept] and e.partial.steps == kept  # the kept steps' results
+    rest = cluster.run(step, batch, steps=30 - kept, progress=False)  # fresh workers, from the driver's copy
+    assert rest.losses == whole.losses[kept:]
     for name, v in whole.params.items():  # parameters and Adam's moments, to the bit
         assert torch.equal(rest.params[name].full(), v.full()), name
 
