@@ -83,7 +83,11 @@ def _train(rank: int, world: int, port: int, exp, name: str, queue) -> None:
             losses.append(v.item())
         queue.put((rank, losses))
     except Exception as e:  # noqa: BLE001 (the table says what failed)
-        queue.put((rank, f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"))
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        queue.put((rank, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]} "
+                         f"({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"))
     finally:
         dist.destroy_process_group()
     queue.close()
