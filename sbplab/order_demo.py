@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .errors import InputError
+
 CASES = ("same", "swapped", "deadlock")
 STARTUP_S = 120.0  # what two fresh processes may take to import torch on a busy machine
 
@@ -75,9 +77,9 @@ def run(case: str = "swapped", timeout_s: float = 2.0) -> OrderDemo:
     from .runtime.cluster import free_port
 
     if case not in CASES:
-        raise ValueError(f"order_demo.run: case must be one of {CASES}, got {case!r}")
+        raise InputError(f"order_demo.run: case must be one of {CASES}, got {case!r}")
     if not 0 < timeout_s <= 60:
-        raise ValueError(f"order_demo.run: timeout_s must be in (0, 60] seconds, got {timeout_s}")
+        raise InputError(f"order_demo.run: timeout_s must be in (0, 60] seconds, got {timeout_s}")
     script = str(Path(__file__).with_name("order_demo_worker.py"))
     port = free_port()
     procs = [subprocess.Popen([sys.executable, script, str(r), case, str(port), str(timeout_s)],

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
+from ..errors import InputError
+
 KINDS = ("reduce_scatter", "all_gather", "all_reduce")
 
 
@@ -32,9 +34,9 @@ class RingStep:
 def ring_steps(kind: str, p: int) -> list[RingStep]:
     """The steps of ``kind`` on ``p`` ranks (step 0, the start, is not included)."""
     if kind not in KINDS:
-        raise ValueError(f"ring_steps: kind must be one of {KINDS}, got {kind!r}")
+        raise InputError(f"ring_steps: kind must be one of {KINDS}, got {kind!r}")
     if p < 2:
-        raise ValueError(f"ring_steps: a ring needs at least 2 ranks, got {p}")
+        raise InputError(f"ring_steps: a ring needs at least 2 ranks, got {p}")
     if kind == "all_gather":  # rank r starts with its own chunk r, complete
         holds = [[frozenset(range(p)) if c == r else frozenset() for c in range(p)] for r in range(p)]
     else:  # every rank starts with its own addend of every chunk
