@@ -198,11 +198,11 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     hw = hardware or Hardware.cpu_box()
     users_given = check_candidates(candidates, int(devices))
     notes: list[str] = []
-    limit_from = "memory_limit"
+    limit_from = ""
     if memory_limit is None:
         memory_limit = device_capacity(hw)
         if memory_limit is not None:
-            limit_from = "the device memory of the hardware"
+            limit_from = " (the device memory of the hardware)"
 
             notes.append(f"memory_limit: {memory_limit / 2**30:.4g} GiB per device, the device memory of the "
                          f"hardware (pass memory_limit= to change it)")
@@ -257,7 +257,7 @@ def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None,
     if not feasible:
         if memory_limit is not None and least:
             need, where = min(least)
-            raise SearchError(f"sl.search: no strategy fits memory_limit={memory_limit:.4g} B per device ({limit_from}); the least "
+            raise SearchError(f"sl.search: no strategy fits memory_limit={memory_limit:.4g} B per device{limit_from}; the least "
                               f"memory any strategy needs is {need} B ({need / 2**20:.2f} MiB) per device, with "
                               f"{where}")
         raise SearchError("sl.search: the time budget ran out before any candidate was priced; raise time_budget")
