@@ -236,8 +236,8 @@ class Strategy:
                               f"run whole on every rank of mesh axis {rule.axis}; strategy.explain(model) says why "
                               f"for each", TensorParallelWarning, stacklevel=3)
             elif use.warnings:
-                shown = "; ".join(use.warnings[:6]) + (f"; ... ({len(use.warnings)} in all)" if len(use.warnings) > 6
-                                                      else "")
+                shown = "; ".join(_short(w) for w in use.warnings[:4]) + \
+                    (f"; ... ({len(use.warnings)} in all)" if len(use.warnings) > 4 else "")
                 warnings.warn(f"{self.name}: {rule.describe()} left some layers whole ({shown})",
                               TensorParallelWarning, stacklevel=3)
 
@@ -308,6 +308,12 @@ class Strategy:
                 table.setdefault(name, (nd, h))
         self.report = report
         return store, use
+
+
+def _short(reason: str, limit: int = 220) -> str:
+    """A layer's reason, cut before the list of signatures it has (``explain`` shows all of it)."""
+    reason = reason.split("; no signature reads")[0]
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
 
 
 def bind_device(strategy: Strategy, device_type: str | None) -> Strategy:
