@@ -46,8 +46,6 @@ from .eager import (
 )
 from .errors import ClusterError, InputError, InputKeyError, InputTypeError, OpError, SbpError, SbplabError
 from .hardware import Hardware
-from .machine import LinkLevel, Machine, MachineError
-from .machine_device import DeviceModel
 from .layout import (
     LayoutError,
     assemble,
@@ -58,6 +56,8 @@ from .layout import (
     shard,
     split_range,
 )
+from .machine import LinkLevel, Machine, MachineError
+from .machine_device import DeviceModel
 from .ops.aten import register_rule
 from .ops.registry import Signature, UnknownOpError
 from .placement import Placement
