@@ -218,11 +218,11 @@ class SearchPanel(SbplabWidget):
 
     def static_html(self) -> str:
         """The last search's winner and its table, or the settings it would search with."""
-        rows = [(r["strategy"], f"{r['analytic_ms']:.4g}", fmt_bytes(r["memory"]), f"{r['simulated_ms']:.4g}",
-                 "-" if r["ratio"] is None else f"{r['ratio']:.2f}x") for r in self.rows]
+        rows = [(r["strategy"], r["model"], f"{r['ms']:.4g}", fmt_bytes(r["memory"]),
+                 "-" if r["ratio"] is None else f"{r['ratio']:.2f}x") for r in self.rows]  # SearchResult.rows
         return static.card(f"SearchPanel: {self.summary or 'not searched yet'}", [
             static.line(f"for {self.result_for}" if self.result_for else ""), static.line(self.error),
-            static.table(("strategy", "analytic ms", "memory", "simulated ms", "vs best"), rows)])
+            static.table(("strategy", "model", "ms/step", "memory", "vs chosen"), rows)])
 
     # --- the result in the StrategyEditor ----------------------------------------------------------------------
     @t.observe("open_requests")
