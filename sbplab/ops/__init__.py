@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 # importing the op files registers their ops
-from . import control, conv, elementwise, grad_ops, grad_ops_nn, indexing, linalg, loss, nn, optim_ops, reduce, shape  # noqa: F401  # noqa: F401, I001  (gradient and optimizer ops)
+from . import (  # noqa: F401  (the gradient and optimizer ops too)
+    control,
+    conv,
+    elementwise,
+    grad_ops,
+    grad_ops_nn,
+    indexing,
+    linalg,
+    loss,
+    nn,
+    optim_ops,
+    reduce,
+    shape,
+)
 from .check import check_signature_numerics, random_shards, run_signature  # noqa: F401
 from .registry import (  # noqa: F401
     REGISTRY,

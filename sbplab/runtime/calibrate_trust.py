@@ -28,6 +28,7 @@ import os
 from dataclasses import replace
 
 from ..hardware import CommFit
+from .progress import SilentBar
 
 MARGIN = 2.0  # a link may reach this many times the copy bandwidth before it is called impossible (one copy: 0.5)
 REPEATABLE = 0.10  # a calibration whose fits are all within this median relative error predicts within about it
@@ -95,23 +96,12 @@ def noise_statement(noise: float) -> str:
             f"calibrations")
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def phase_bar(total: int, enabled: bool):
     """A tqdm bar over a calibration's parts (notebook widget or terminal text), or a silent stand-in."""
     if not enabled or total <= 0:
-        return _NoBar()
+        return SilentBar()
     try:
         from tqdm.auto import tqdm
     except ImportError:  # tqdm is a dependency, but a bar is never worth failing a calibration for
-        return _NoBar()
+        return SilentBar()
     return tqdm(total=total, desc="calibrate", unit="part", leave=False)

@@ -31,7 +31,7 @@ from ..errors import ClusterError, InputError, InputTypeError
 from ..layout import local_block
 from ..sbp import Broadcast, Split
 from .actor_plan import ActorPlan
-from .checkpoint_dcp import STEPS_KEY, Block, stored_keys
+from .checkpoint_dcp import STEPS_KEY, ShardBlock, stored_keys
 from .checkpoint_worker import CheckpointRequest
 from .specs import State, Zeros
 from .wire import recv, send
@@ -60,8 +60,8 @@ def _global_size(key: str, placement: Any, sbp: tuple, local: Mapping[int, tuple
     return tuple(size)
 
 
-def blocks_of(plan: ActorPlan) -> dict[int, list[Block]]:
-    """Per rank, where each keyed State's value lies in its logical tensor (``Block``)."""
+def blocks_of(plan: ActorPlan) -> dict[int, list[ShardBlock]]:
+    """Per rank, where each keyed State's value lies in its logical tensor (``ShardBlock``)."""
     layout: dict[str, tuple[Any, tuple, dict[int, State]]] = {}  # key -> placement, sbp, rank -> State
     states: list[tuple[int, State]] = []
     for r, rp in plan.ranks.items():
@@ -81,7 +81,7 @@ def blocks_of(plan: ActorPlan) -> dict[int, list[Block]]:
                 got[2][r] = a
     sizes = {k: _global_size(k, pl, sbp, {r: tuple(a.init.shape) for r, a in by.items()})  # type: ignore[union-attr]
              for k, (pl, sbp, by) in layout.items()}
-    out: dict[int, list[Block]] = {r: [] for r in plan.ranks}
+    out: dict[int, list[ShardBlock]] = {r: [] for r in plan.ranks}
     for r, a in states:
         size = sizes[a.key]
         blk = local_block(size, a.placement, tuple(a.sbp), r)  # type: ignore[arg-type]
@@ -91,7 +91,7 @@ def blocks_of(plan: ActorPlan) -> dict[int, list[Block]]:
                                f"{tuple(a.init.shape)}, but a block of {size} under {a.sbp} is {shape}")  # type: ignore
         first = layout[a.key]
         write = first[0] == a.placement and first[1] == tuple(a.sbp)
-        out[r].append(Block(a.name, a.key, size, tuple(s for s, _ in blk), shape, a.init.dtype, write))  # type: ignore
+        out[r].append(ShardBlock(a.name, a.key, size, tuple(s for s, _ in blk), shape, a.init.dtype, write))  # type: ignore
     return out
 
 
@@ -107,7 +107,7 @@ def initial_values(plan: ActorPlan) -> dict[int, dict[str, torch.Tensor]]:
     return out
 
 
-def check_fits(path: Path, blocks: Mapping[int, list[Block]], what: str) -> None:
+def check_fits(path: Path, blocks: Mapping[int, list[ShardBlock]], what: str) -> None:
     """Refuse, before any worker reads, a checkpoint that lacks a name the step needs or has another shape."""
     if not (path / ".metadata").is_file():
         raise InputError(f"{what}: no checkpoint at {str(path)!r} (no .metadata file there); give a folder "

@@ -38,7 +38,7 @@ STEPS_KEY = "sbplab.steps"  # a 0-d int64 tensor: training steps done when the c
 
 
 @dataclass(frozen=True)
-class Block:
+class ShardBlock:
     """Where one rank's State lives in its logical tensor.
 
     name: the State actor's name on that rank; key: the logical (checkpoint) name;
@@ -59,7 +59,7 @@ class Block:
 class _BlockSavePlanner(DefaultSavePlanner):
     """Writes each value of the state dict as the block ``blocks[key]`` says (DCP dedups equal blocks)."""
 
-    def __init__(self, blocks: Mapping[str, Block]) -> None:
+    def __init__(self, blocks: Mapping[str, ShardBlock]) -> None:
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
         self.blocks = blocks
 
@@ -84,7 +84,7 @@ class _BlockLoadPlanner(DefaultLoadPlanner):
     """Reads into each value of the state dict the block ``blocks[key]`` says, from whatever chunks the
     checkpoint holds (DCP's resharding)."""
 
-    def __init__(self, blocks: Mapping[str, Block]) -> None:
+    def __init__(self, blocks: Mapping[str, ShardBlock]) -> None:
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
         self.blocks = blocks
 
@@ -109,7 +109,7 @@ class _BlockLoadPlanner(DefaultLoadPlanner):
         return self.state_dict[index.fqn]
 
 
-def write_blocks(path: str | os.PathLike, values: Mapping[str, torch.Tensor], blocks: list[Block],
+def write_blocks(path: str | os.PathLike, values: Mapping[str, torch.Tensor], blocks: list[ShardBlock],
                  steps: int) -> None:
     """This rank's part of a checkpoint: each block's value under its key, and the step count. Every rank
     of the default process group calls it (DCP plans collectively; a rank without blocks writes nothing
@@ -122,11 +122,11 @@ def write_blocks(path: str | os.PathLike, values: Mapping[str, torch.Tensor], bl
                  planner=_BlockSavePlanner({b.key: b for b in blocks}))
 
 
-def read_blocks(path: str | os.PathLike, blocks: list[Block], device: torch.device) -> tuple[dict, int]:
+def read_blocks(path: str | os.PathLike, blocks: list[ShardBlock], device: torch.device) -> tuple[dict, int]:
     """This rank's blocks read from a checkpoint (State name -> local value on ``device``), and the step
     count it was written at. Collective like ``write_blocks``; blocks of one key on several States of this
     rank are read once."""
-    by_key: dict[str, Block] = {}
+    by_key: dict[str, ShardBlock] = {}
     for b in blocks:
         by_key.setdefault(b.key, b)
     state = {k: torch.empty(b.shape, dtype=b.dtype, device=device) for k, b in by_key.items()}

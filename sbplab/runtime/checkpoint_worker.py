@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint_dcp import Block, read_blocks, write_blocks
+from .checkpoint_dcp import ShardBlock, read_blocks, write_blocks
 
 
 @dataclass
@@ -27,7 +27,7 @@ class CheckpointRequest:
 
     op: str
     path: str
-    blocks: list[Block]
+    blocks: list[ShardBlock]
     tag: int | None = None
     values: dict[str, torch.Tensor] | None = None
     steps: int = 0

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from ...errors import InputError
 from ...placement import Placement
 from .parallel.data_parallel import DataParallel, ZeRO
-from .parallel.pipeline import Pipeline
+from .parallel.pipeline_parallel import Pipeline
 from .parallel.tensor_parallel import COLUMN, ROW, TensorParallel
 from .strategy import Strategy
 

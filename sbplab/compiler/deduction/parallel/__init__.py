@@ -4,7 +4,7 @@
 
 from .base import ParallelRule, RuleUse, mesh
 from .data_parallel import DataParallel, ZeRO
-from .pipeline import SCHEDULES, Pipeline
+from .pipeline_parallel import SCHEDULES, Pipeline
 from .tensor_parallel import TensorParallel
 
 __all__ = ["SCHEDULES", "DataParallel", "ParallelRule", "Pipeline", "RuleUse", "TensorParallel", "ZeRO", "mesh"]

@@ -99,7 +99,7 @@ class TensorParallel(ParallelRule):
         tp = mesh.shape[a]
         dp = [ax for r in strategy.rules if type(r).__name__ == "DataParallel" for ax in r.axes(strategy)
               if ax != a]
-        ctx = _Ctx(graph, a, mesh.ndim, dp, self.sequence_parallel)
+        ctx = _TPContext(graph, a, mesh.ndim, dp, self.sequence_parallel)
         pairing = self.pairing(graph, tp)
         self.check_globs(graph, pairing)
         hints = _pair_hints(ctx, pairing)
@@ -126,7 +126,7 @@ def _module(graph: Graph, op: OpNode) -> str:
 
 
 @dataclass(frozen=True)
-class _Ctx:
+class _TPContext:
     graph: Graph
     axis: int
     ndim: int
@@ -158,7 +158,7 @@ def _hint(pattern: str, names: list[str], sbp: object, why: str, out: list[Hint]
         out.append(Hint(pattern, sbp, why, required=False, only=mine, **kw))
 
 
-def _pair_hints(ctx: _Ctx, pairing: Pairing) -> list[Hint]:
+def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
     """Megatron's hints restricted (``Hint.only``) to the layers of real pairs; patterns are the globs that
     nominated them, so explanations quote them as a user would write them."""
     graph, out = ctx.graph, []
@@ -218,7 +218,7 @@ def _from_input(graph: Graph, name: str, depth: int = 6) -> bool:
     return False
 
 
-def _vocab(ctx: _Ctx, pairing: Pairing, tp: int) -> tuple[list, list]:
+def _vocab(ctx: _TPContext, pairing: Pairing, tp: int) -> tuple[list, list]:
     """Embeddings and language-model heads, each as (kind, op, splits, why not)."""
     graph = ctx.graph
     fwd = [op for op in graph.ops if op.phase == "forward"]
@@ -258,7 +258,7 @@ def _vocab(ctx: _Ctx, pairing: Pairing, tp: int) -> tuple[list, list]:
     return embeds, heads
 
 
-def _vocab_hints(ctx: _Ctx, embeds: list, heads: list) -> list[Hint]:
+def _vocab_hints(ctx: _TPContext, embeds: list, heads: list) -> list[Hint]:
     graph, out = ctx.graph, []
     for _, op, _, _ in embeds:
         _, w = _embedding_parts(op)
