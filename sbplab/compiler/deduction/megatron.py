@@ -105,6 +105,7 @@ class LinearUse:
 
 ATEN_MATMUL = {"aten.mm.default": (0, 1, None), "aten.addmm.default": (1, 2, 0)}  # (data, weight, bias) inputs
 TRANSPOSES = ("aten.t.default", "aten.transpose.int", "aten.permute.default")
+CASTS = ("aten._to_copy.default", "prims.convert_element_type.default", "aten.to.dtype")
 
 
 def linear_use(graph: Graph, op: OpNode) -> LinearUse | None:
@@ -113,10 +114,7 @@ def linear_use(graph: Graph, op: OpNode) -> LinearUse | None:
         return None
     if op.type in ATEN_MATMUL:
         data, weight, bias = ATEN_MATMUL[op.type]
-        w = op.inputs[weight]
-        src = graph.producer(w)
-        transposed = src is not None and src.type in TRANSPOSES and len(graph.tensors[w].shape) == 2
-        param = graph.tensors[src.inputs[0] if transposed else w]
+        param, transposed = _weight_source(graph, op.inputs[weight])
         if param.role != "param" or len(param.shape) != 2:
             return None
         p_out, p_in = (0, 1) if transposed else (1, 0)
@@ -127,6 +125,27 @@ def linear_use(graph: Graph, op: OpNode) -> LinearUse | None:
     if w.role != "param" or not w.name.endswith(".weight"):
         return None
     return LinearUse(0, 1, 2 if len(op.inputs) > 2 else None, w.name, 0, 1, 0, 1)
+
+
+def _weight_source(graph: Graph, w: str):
+    """The tensor a matmul's weight operand ``w`` comes from, looking through dtype casts (autocast's
+    bf16 copy of an fp32 master weight) and one 2-D transpose; and whether it was transposed."""
+    transposed = False
+    while (src := graph.producer(w)) is not None:
+        if src.type in CASTS:
+            w = src.inputs[0]
+        elif src.type in TRANSPOSES and not transposed and len(graph.tensors[w].shape) == 2:
+            w, transposed = src.inputs[0], True
+        else:
+            break
+    return graph.tensors[w], transposed
+
+
+def uncast(graph: Graph, name: str) -> str:
+    """The tensor ``name`` is a dtype cast of (a bias's fp32 master under autocast), else ``name``."""
+    while (src := graph.producer(name)) is not None and src.type in CASTS:
+        name = src.inputs[0]
+    return name
 
 
 def weight_module(graph: Graph, op: OpNode) -> str | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ....sbp import B, S
-from ..megatron import Pairing, find_pairs, linear_use, weight_module
+from ..megatron import Pairing, find_pairs, linear_use, uncast, weight_module
 from ..signature_hints import escape
 from .base import ParallelRule, RuleUse, on_axis, stage_mesh
 
@@ -170,7 +170,8 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
         for dim in (0, 1):  # an nn.Linear's weight is (out, in), a Conv1D's (in, out)
             _hint(f"{c}.weight", [u.param for _, u in col_uses if u.param_out == dim], ctx.nd(S(dim)),
                   "Megatron column parallel", out, role="param", pin=True)
-        _hint(f"{c}.bias", [op.inputs[u.bias] for op, u in col_uses if u.bias is not None and len(op.inputs) > u.bias],
+        _hint(f"{c}.bias", [uncast(graph, op.inputs[u.bias]) for op, u in col_uses
+                            if u.bias is not None and len(op.inputs) > u.bias],
               ctx.nd(S(0)), "Megatron column parallel", out, role="param")
     for r in pairing.row:
         for dim in (0, 1):
