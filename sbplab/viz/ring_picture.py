@@ -17,7 +17,9 @@ from html import escape
 
 from ..errors import InputError
 
-KINDS = ("reduce_scatter", "all_gather", "all_reduce")
+# per kind: (has a reduce-scatter phase, has an all-gather phase); an all-reduce is the first then the second
+PHASES = {"reduce_scatter": (True, False), "all_gather": (False, True), "all_reduce": (True, True)}
+KINDS = tuple(PHASES)
 
 
 @dataclass(frozen=True)
@@ -37,12 +39,13 @@ def ring_steps(kind: str, p: int) -> list[RingStep]:
         raise InputError(f"ring_steps: kind must be one of {KINDS}, got {kind!r}")
     if p < 2:
         raise InputError(f"ring_steps: a ring needs at least 2 ranks, got {p}")
-    if kind == "all_gather":  # rank r starts with its own chunk r, complete
+    reduces, gathers = PHASES[kind]
+    if not reduces:  # rank r starts with its own chunk r, complete
         holds = [[frozenset(range(p)) if c == r else frozenset() for c in range(p)] for r in range(p)]
     else:  # every rank starts with its own addend of every chunk
         holds = [[frozenset({r}) for _ in range(p)] for r in range(p)]
     out: list[RingStep] = []
-    if kind != "all_gather":
+    if reduces:
         for s in range(p - 1):  # rank r sends chunk (r - s) % p; the receiver adds it to its own
             sends = tuple((r - s) % p for r in range(p))
             new = [list(row) for row in holds]
@@ -53,9 +56,9 @@ def ring_steps(kind: str, p: int) -> list[RingStep]:
             out.append(RingStep("reduce-scatter", len(out) + 1, sends, tuple(map(tuple, holds))))
         # rank r now holds chunk (r + 1) % p summed over every rank: keep only that one
         holds = [[holds[r][c] if c == (r + 1) % p else frozenset() for c in range(p)] for r in range(p)]
-        if kind == "reduce_scatter":
+        if not gathers:
             return out
-    first = 0 if kind == "all_gather" else 1  # the chunk each rank has complete at the start of the gather
+    first = 1 if reduces else 0  # the chunk each rank has complete at the start of the gather
     for s in range(p - 1):  # rank r passes on the complete chunk it got last; the receiver keeps a copy
         sends = tuple((r + first - s) % p for r in range(p))
         new = [list(row) for row in holds]
@@ -73,16 +76,18 @@ def ring_run(kind: str, shards: list) -> list:
 
     p = len(shards)
     chunks = [list(torch.chunk(t.clone(), p)) for t in shards]
-    if kind == "all_gather":
+    steps = ring_steps(kind, p)  # checks kind and p
+    reduces, gathers = PHASES[kind]
+    if not reduces:
         have = [[chunks[r][c] if c == r else None for c in range(p)] for r in range(p)]
     else:
         have = [list(row) for row in chunks]
-    for st in ring_steps(kind, p):
+    for st in steps:
         msgs = [(r, st.sends[r], have[r][st.sends[r]].clone()) for r in range(p)]  # all send at once
         for r, c, t in msgs:
             dst = (r + 1) % p
             have[dst][c] = have[dst][c] + t if st.phase == "reduce-scatter" else t
-    if kind == "reduce_scatter":
+    if not gathers:
         return [have[r][(r + 1) % p] for r in range(p)]
     return [torch.cat(row) for row in have]
 
