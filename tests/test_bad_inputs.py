@@ -197,6 +197,8 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "GraphError", ("'x'", "(4, 3)", "(4, 4)")),
     ("Running a compiled step", "an input of the wrong dtype", "cluster.run(step, (inp, target.float()))",
      "GraphError", ("'target'", "torch.float32", "torch.int64")),
+    ("Running a compiled step", "a class index the model does not have", "cluster.run(step, (inp, target + 3))",
+     "GraphError", ("'target'", "holds", "valid values are 0..2")),
     ("Running a compiled step", "too few inputs", "cluster.run(step, (inp,))", "GraphError",
      ("1 input(s)", "takes 2")),
     ("Running a compiled step", "an input under the wrong name", 'cluster.run(step, {"x": inp, "targets": target})',

@@ -239,8 +239,8 @@ def test_load_into_finds_a_tied_parameter_under_either_name_and_leaves_frozen_on
 
 
 def test_a_bad_batch_is_refused_on_the_driver_without_losing_the_workers_or_the_state(cluster):
-    """A target of the wrong shape or dtype never reaches a worker: the same workers and the kept state
-    carry on."""
+    """A target of the wrong shape or dtype, or holding a class the model does not have, never reaches a
+    worker: the same workers and the kept state carry on."""
     model, x, y = _model()
     opt = sl.SGD(lr=0.1, momentum=0.9)
     step = _compile(model, x, y, opt)
@@ -250,6 +250,10 @@ def test_a_bad_batch_is_refused_on_the_driver_without_losing_the_workers_or_the_
     for bad in (y[:4], y.float()):
         with pytest.raises(sl.SbplabError, match="input 'target' has"):
             cluster.run(step, (x, bad), steps=1, progress=False)
+    out_of_range = y.clone()
+    out_of_range[-1] = 100
+    with pytest.raises(sl.SbplabError, match=r"input 'target' holds 100 at index \(\d+,\), but .* valid values are 0\.\."):
+        cluster.run(step, (x, out_of_range), steps=1, progress=False)
     assert cluster.alive and cluster.pids == pids
     assert cluster.run(step, (x, y), steps=2, progress=False).losses == pytest.approx(want[2:], rel=1e-4, abs=1e-5)
     assert cluster.pids == pids

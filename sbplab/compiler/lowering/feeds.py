@@ -26,6 +26,7 @@ from ...errors import InputTypeError
 from ...ops.registry import TensorMeta
 from ...runtime.results import Batches
 from ..ir import Graph, GraphError
+from .index_bounds import IndexBound, check_index_values, index_bounds
 
 Batch = dict[str, torch.Tensor]
 
@@ -47,13 +48,13 @@ def step_feeds(graph: Graph, inputs: Any) -> Batches:
     One batch gives one mapping (used for every step); a list of batches or a function of the
     step gives the same, per step.
     """
-    want = expected_inputs(graph)
+    want, bounds = expected_inputs(graph), index_bounds(graph)
     if callable(inputs) and not isinstance(inputs, torch.Tensor):
         fn = inputs
-        return lambda step: one_batch(want, fn(step), f"the batch of step {step}: ")
+        return lambda step: one_batch(want, fn(step), f"the batch of step {step}: ", bounds)
     if _is_per_step(inputs):
-        return [one_batch(want, b, f"the batch of step {i}: ") for i, b in enumerate(inputs)]
-    return one_batch(want, inputs)
+        return [one_batch(want, b, f"the batch of step {i}: ", bounds) for i, b in enumerate(inputs)]
+    return one_batch(want, inputs, bounds=bounds)
 
 
 def _is_per_step(inputs: Any) -> bool:
@@ -63,8 +64,10 @@ def _is_per_step(inputs: Any) -> bool:
         isinstance(b, (Mapping, list, tuple)) for b in inputs)
 
 
-def one_batch(want: Mapping[str, TensorMeta], batch: Any, where: str = "") -> Batch:
-    """One step's batch as name -> tensor, in any accepted form, each tensor checked against ``want``."""
+def one_batch(want: Mapping[str, TensorMeta], batch: Any, where: str = "",
+              bounds: Mapping[str, IndexBound] | None = None) -> Batch:
+    """One step's batch as name -> tensor, in any accepted form, each tensor checked against ``want``
+    (and, for the inputs a step indexes with, against ``bounds``)."""
     names = list(want)
     takes = _takes(want)
     if batch is None:
@@ -95,7 +98,10 @@ def one_batch(want: Mapping[str, TensorMeta], batch: Any, where: str = "") -> Ba
     else:
         raise InputTypeError(f"{where}inputs must be a tensor, a tuple of tensors in the order {names} or a dict by "
                              f"name; got {type(batch).__name__}")
-    return {n: _checked(n, batch[n], want[n], where) for n in names}
+    out = {n: _checked(n, batch[n], want[n], where) for n in names}
+    for n, bound in (bounds or {}).items():
+        check_index_values(n, out[n], bound, where)
+    return out
 
 
 def _checked(name: str, t: Any, want: TensorMeta, where: str) -> torch.Tensor:
