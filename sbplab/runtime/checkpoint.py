@@ -31,7 +31,7 @@ from ..errors import ClusterError, InputError, InputTypeError
 from ..layout import local_block
 from ..sbp import Broadcast, Split
 from .actor_plan import ActorPlan
-from .checkpoint_dcp import STEPS_KEY, ShardBlock, stored_keys
+from .checkpoint_blocks import STEPS_KEY, ShardBlock
 from .checkpoint_worker import CheckpointRequest
 from .specs import State, Zeros
 from .wire import recv, send
@@ -112,6 +112,8 @@ def check_fits(path: Path, blocks: Mapping[int, list[ShardBlock]], what: str) ->
     if not (path / ".metadata").is_file():
         raise InputError(f"{what}: no checkpoint at {str(path)!r} (no .metadata file there); give a folder "
                          f"written by cluster.save or run(..., checkpoint_dir=...)")
+    from .checkpoint_dcp import stored_keys  # torch.distributed.checkpoint: loaded when used
+
     have = stored_keys(path)
     need = {b.key: b.size for bs in blocks.values() for b in bs}
     missing = sorted(k for k in need if k not in have)
@@ -176,6 +178,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not (p / ".metadata").is_file():
         raise InputError(f"read_checkpoint: no checkpoint at {str(p)!r} (no .metadata file there)")
     from torch.distributed.checkpoint import load as dcp_load
+
+    from .checkpoint_dcp import stored_keys
 
     state = {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in stored_keys(p).items()}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -34,26 +33,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-STEPS_KEY = "sbplab.steps"  # a 0-d int64 tensor: training steps done when the checkpoint was written
-
-
-@dataclass(frozen=True)
-class ShardBlock:
-    """Where one rank's State lives in its logical tensor.
-
-    name: the State actor's name on that rank; key: the logical (checkpoint) name;
-    size: the logical tensor's shape; offsets: where the block starts in it; shape: the block's shape.
-    write: whether this State is saved (False for a second copy of a key under another layout, a tied
-    parameter on another pipeline stage: the first layout's blocks already cover the tensor).
-    """
-
-    name: str
-    key: str
-    size: tuple[int, ...]
-    offsets: tuple[int, ...]
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    write: bool = True
+from .checkpoint_blocks import STEPS_KEY, ShardBlock
 
 
 class _BlockSavePlanner(DefaultSavePlanner):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint_dcp import ShardBlock, read_blocks, write_blocks
+from .checkpoint_blocks import ShardBlock
 
 
 @dataclass
@@ -35,6 +35,8 @@ class CheckpointRequest:
 
 def serve_checkpoint(worker: Any, req: CheckpointRequest) -> tuple:
     """Do ``req`` on this worker (a ``worker_main.Worker``); the reply for the driver."""
+    from .checkpoint_dcp import read_blocks, write_blocks  # torch.distributed.checkpoint: loaded when used
+
     try:
         if req.op == "save":
             values = req.values
