@@ -19,6 +19,15 @@ def bmm_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signat
             sig([S(2), S(1)], [P]), sig([P, B], [P]), sig([B, P], [P])]
 
 
+def batched_matmul_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    """(*batch, m, k) @ (*batch, k, n) with the same batch dims (attention's (B, nh, T, hs) products, kept
+    4-D by ``unmerge_batched_matmuls``): every batch dim passes a split, as bmm's batch dim does."""
+    n = len(outs[0].shape)
+    batch = [sig([S(d), S(d)], [S(d)]) for d in range(n - 2)]
+    return batch + [sig([S(n - 2), B], [S(n - 2)]), sig([B, S(n - 1)], [S(n - 1)]),
+                    sig([S(n - 1), S(n - 2)], [P]), sig([P, B], [P]), sig([B, P], [P])]
+
+
 def addmm_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
     """bias + a @ b: the bias follows the output's split where it has that dim, else stays B; when the
     product is partial, the bias is too (B -> P is free: one rank keeps it, the others zeros)."""

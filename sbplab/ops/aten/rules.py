@@ -159,6 +159,7 @@ declare("shape", _ops("constant_pad_nd.default"), lambda n, i, o, a: sh.pad_sign
 # --- matmul family ----------------------------------------------------------------------------
 declare("matmul", _ops("mm.default"), lambda n, i, o, a: la.mm_signatures(i, o))
 declare("matmul", _ops("bmm.default"), lambda n, i, o, a: la.bmm_signatures(i, o))
+declare("matmul", _ops("matmul.default"), lambda n, i, o, a: la.batched_matmul_signatures(i, o))
 declare("matmul", _ops("addmm.default", "baddbmm.default"), lambda n, i, o, a: la.addmm_signatures(i, o))
 
 # --- layers -----------------------------------------------------------------------------------

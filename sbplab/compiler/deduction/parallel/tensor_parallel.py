@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ....sbp import B, S
-from ..megatron import Pairing, find_pairs, linear_use, uncast, weight_module
+from ..megatron import CASTS, TRANSPOSES, Pairing, find_pairs, linear_use, uncast, weight_module
 from ..signature_hints import escape
 from .base import ParallelRule, RuleUse, on_axis, stage_mesh
 
@@ -177,6 +177,10 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
         for dim in (0, 1):
             _hint(f"{r}.weight", [u.param for _, u in row_uses if u.param_in == dim], ctx.nd(S(dim)),
                   "Megatron row parallel", out, role="param", pin=True)
+    for uses, dim in ((col_uses, "param_out"), (row_uses, "param_in")):
+        for _, u in uses:  # a captured graph reads t(weight) (through casts), its backward t(t(weight)): all split
+            for w, d in _weight_views(graph, u.param, getattr(u, dim)):
+                _hint(escape(w), [w], ctx.nd(S(d)), "Megatron: the layer reads its weight split", out, pin=True)
     for op, u in col_uses:
         x = op.inputs[u.data]
         if graph.input_grads:  # the fx path's autodiff records each op's input gradients
@@ -193,6 +197,25 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
         g = graph.tensor_grads.get(o)
         if ctx.sequence_parallel and g is not None:  # the backward of the reduce-scatter: an all-gather
             _hint(escape(g), [g], ctx.whole(), "sequence parallel: the output's gradient all-gathered", out, use=True)
+    return out
+
+
+def _weight_views(graph, param: str, dim: int) -> list[tuple[str, int]]:
+    """The tensors made from ``param`` (split on ``dim``) by 2-D transposes and dtype casts alone, with the
+    dim each is split on: what a captured matmul reads as the layer's weight, forward and backward."""
+    out, todo = [], [(param, dim)]
+    while todo:
+        name, d = todo.pop()
+        for op in graph.consumers(name):
+            if len(op.outputs) != 1:
+                continue
+            if op.type in CASTS:
+                out.append((op.outputs[0], d))
+            elif op.type in TRANSPOSES and len(graph.tensors[name].shape) == 2:
+                out.append((op.outputs[0], 1 - d))
+            else:
+                continue
+            todo.append(out[-1])
     return out
 
 
