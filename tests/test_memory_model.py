@@ -40,10 +40,16 @@ def test_the_predicted_peak_is_the_measured_one_per_rank(cluster, preset):
     for r, got in res.memory.items():
         assert got.source == "registers" and set(got.breakdown) == set(CATEGORIES)
         assert got.peak == sum(got.breakdown.values()) > 0
-        # the runtime's firing order follows when messages arrive (the update of one step can meet the next
-        # step's first forward), so the measured peak moves a little from run to run; the benchmark's median
-        # over the corpus is the figure (bench_simulator.py --memory-only)
-        assert pred.peak_memory[r] == pytest.approx(got.peak, rel=0.25), (r, pred.memory_breakdown[r], got.breakdown)
+        # what a rank keeps between steps is fixed by the plan: predicted to the byte, or nearly
+        for kind in ("parameters", "optimizer state"):
+            assert pred.memory_breakdown[r][kind] == pytest.approx(got.breakdown[kind], rel=0.01), (r, kind)
+        # the peak also holds what is in flight, and the runtime's firing order follows when messages arrive
+        # (the update of one step can meet the next step's first forward; under ZeRO-3 the next step's
+        # prefetched all-gathers can land before the update frees the gradients), so the measured peak
+        # moves from run to run; the benchmark's median over the corpus is the figure
+        # (bench_simulator.py --memory-only)
+        band = 0.5 if preset == "zero3" else 0.25
+        assert pred.peak_memory[r] == pytest.approx(got.peak, rel=band), (r, pred.memory_breakdown[r], got.breakdown)
     # the persistent part, against the torch model: every parameter byte is on some rank, at least once
     torch_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
     held = sum(got.breakdown["parameters"] for got in res.memory.values())
