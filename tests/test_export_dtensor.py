@@ -5,6 +5,7 @@ through FSDP2's fully_shard, DP x TP as 2-D placements."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import warnings
@@ -93,17 +94,33 @@ def test_importing_the_export_does_not_load_torch_distributed_tensor():
     assert out.stdout.strip() == "[]"
 
 
-def _train(rank: int, world: int, port: int, exp: DTensorExport, via_code: bool, queue) -> None:
+@contextlib.contextmanager
+def _gloo_rank(rank: int, world: int, port: int, queue):
+    """One spawned Gloo rank: joins the group, runs the body, and leaves without interpreter finalization
+    (Gloo's threads may still hold tensors then, and torch aborts the process while tearing them down,
+    pytorch/pytorch#179291), after the work is done."""
     import os
 
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+    queue.close()
+    queue.join_thread()
+    os._exit(0)
+
+
+def _train(rank: int, world: int, port: int, exp: DTensorExport, via_code: bool, queue) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    with _gloo_rank(rank, world, port, queue):
         model, x, y = _mlp()
         if via_code:  # the text a user would paste, run as is
             ns = {"model": model, "x": x, "target": y}
@@ -126,13 +143,6 @@ def _train(rank: int, world: int, port: int, exp: DTensorExport, via_code: bool,
                 value /= world
             losses.append(value.item())
         queue.put((rank, losses))
-    finally:
-        dist.destroy_process_group()
-    # Leave without interpreter finalization: Gloo's threads may still hold tensors then, and torch
-    # aborts the process while tearing them down (pytorch/pytorch#179291), after the work is done.
-    queue.close()
-    queue.join_thread()
-    os._exit(0)
 
 
 @pytest.mark.multiprocess
@@ -206,19 +216,13 @@ def test_coverage_says_which_ops_dtensor_runs_as_sbplab():
 
 
 def _train_corpus(rank: int, world: int, port: int, exp: DTensorExport, name: str, queue) -> None:
-    import os
-
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
     from sbplab.models import corpus
 
     warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with _gloo_rank(rank, world, port, queue):
         b = corpus.build(name)
         model = b.model
         model.config.use_cache = False  # a training step keeps no KV cache
@@ -236,11 +240,6 @@ def _train_corpus(rank: int, world: int, port: int, exp: DTensorExport, name: st
             opt.step()
             losses.append((loss.full_tensor() if isinstance(loss, DTensor) else loss).item())
         queue.put((rank, (tied, losses)))
-    finally:
-        dist.destroy_process_group()
-    queue.close()
-    queue.join_thread()
-    os._exit(0)
 
 
 @pytest.mark.multiprocess
