@@ -292,6 +292,11 @@ def _vocab_hints(ctx: _TPContext, embeds: list, heads: list) -> list[Hint]:
         why = "vocab-parallel embedding: the partial lookups reduce-scattered over the sequence" \
             if ctx.sequence_parallel else "vocab-parallel embedding: the partial lookups all-reduced"
         _hint(escape(o), [o], ctx.between_blocks(o), why, out, role="activation")
+        g = ctx.graph.tensor_grads.get(o)
+        if ctx.sequence_parallel and g is not None:  # the backward of the reduce-scatter: an all-gather, so
+            # each rank computes its rows' gradient from the whole output gradient (no weight-grad reduce)
+            _hint(escape(g), [g], ctx.whole(), "sequence parallel: the embedding's output gradient all-gathered",
+                  out, use=True)
     for _, op, _, _ in heads:
         use = linear_use(graph, op)
         _hint(escape(use.param), [use.param], ctx.nd(S(use.param_out)), "Megatron output layer: split by vocabulary",
@@ -303,4 +308,8 @@ def _vocab_hints(ctx: _TPContext, embeds: list, heads: list) -> list[Hint]:
             what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
             _hint(escape(op.name), [op.name], ctx.between_blocks(op.inputs[use.data]),
                   f"Megatron f: the input's gradient is {what}", out, input_grad=use.data)
+        x = op.inputs[use.data]
+        if ctx.sequence_parallel:  # a column layer: its input gathered for use, forward and for the weight grad
+            _hint(escape(x), [x], ctx.whole(), "sequence parallel: the output layer's input all-gathered", out,
+                  use=True)
     return out
