@@ -305,6 +305,29 @@ def test_zero3_step_shows_its_prefetched_all_gathers(zero3_run):
 
 
 @pytest.mark.multiprocess
+def test_measured_memory_over_time_is_a_track_per_rank(zero3_run):
+    """Each rank's bytes held, sampled at every register stored or freed, on the trace's clock: its
+    highest sample is the measured peak, it starts with the run and ends by the time the run did."""
+    c, res = zero3_run
+    series = res.trace.memory_series(res.memory)
+    assert sorted(series) == [0, 1]
+    for r, s in series.items():
+        times = [t for t, _ in s]
+        first = min(e.start for e in res.trace.select(rank=r))
+        assert times == sorted(times) and len(s) > len(res.trace.select(rank=r)) // 2
+        assert -2e3 < times[0] <= first and times[-1] < res.wall_s * 1e6 + 2e3  # the run's time, clocks aligned
+        assert max(v for _, v in s) == res.memory[r].peak  # CPU: the peak is the series' highest value
+        assert len({v for _, v in s}) > 3  # it moves: activations come and go
+    tracks = [tr for tr in timeline(res, compiled=c).data if tr.meta == "counters"]
+    assert [tr.name for tr in tracks] == ["memory, rank 0", "memory, rank 1"]
+    assert [max(tr.y) for tr in tracks] == [res.memory[0].peak, res.memory[1].peak]
+    step1 = [tr for tr in timeline(res, step=1).data if tr.meta == "counters"]
+    assert step1 and all(len(a.x) < len(b.x) for a, b in zip(step1, tracks)) and min(step1[0].x) >= 0
+    chrome = res.trace.to_chrome(memory=res.memory)["traceEvents"]  # Perfetto draws the same counters
+    assert sum(e["ph"] == "C" and e["pid"] == 0 for e in chrome) == len(series[0])
+
+
+@pytest.mark.multiprocess
 def test_prediction_over_measured_run(zero3_run):
     c, res = zero3_run
     pred = sl.simulate(c, sl.Hardware.cpu_box(), steps=3)

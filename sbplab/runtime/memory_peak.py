@@ -17,11 +17,18 @@ caching allocator handed out: kernel workspaces too, the excess shown as ``other
 of the tensors the runtime holds: State values, shared buffers and every register from the firing that
 fills it until its last reader acks it (what the runtime frees). A kernel's temporaries and the
 intermediate values inside one fused chain are not held by the runtime, so they are not counted there.
+
+Over time: the meter also keeps a sample ``(clock ns, bytes held)`` each time a firing stores or frees a
+register (two appends to typed arrays, no allocation per firing), so a timeline draws each rank's
+memory as a counter track under its lanes (``Trace.memory_series`` puts the samples on the trace's
+clock). Those are the bytes the runtime holds, on a GPU too: the allocator's own total is read once, at
+the end, for the peak.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +48,8 @@ class MemoryPeak:
     breakdown: dict[str, int] = field(default_factory=dict)
     at_us: float = 0.0  # when (microseconds into the run; predicted: simulated time)
     source: str = "simulated"  # "simulated", "registers" (CPU: tensors the runtime holds) or "cuda" (allocator)
+    # measured runs: (worker clock ns, bytes held) after each change, on the clock the trace's firings use
+    samples: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
 
 def categories(actors: Sequence[Actor]) -> dict[tuple[str, int], str]:
@@ -109,6 +118,7 @@ class MemoryMeter:
         self.total = sum(self.now.values())
         self.peak, self.best, self.at_ns = self.total, dict(self.now), time.perf_counter_ns()
         self.start_ns = self.at_ns
+        self.t_ns, self.held = array("q", [self.at_ns]), array("q", [self.total])  # the memory over time
         self.cuda = device.type == "cuda"
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -123,8 +133,11 @@ class MemoryMeter:
             nb = _nbytes(t)
             now[c] += nb
             self.total += nb
+        t = time.perf_counter_ns()
+        self.t_ns.append(t)
+        self.held.append(self.total)
         if self.total > self.peak:
-            self.peak, self.best, self.at_ns = self.total, dict(now), time.perf_counter_ns()
+            self.peak, self.best, self.at_ns = self.total, dict(now), t
 
     def freed(self, i: int, outs: tuple | None) -> None:
         cats = self.cats[i]
@@ -134,11 +147,14 @@ class MemoryMeter:
             nb = _nbytes(t)
             self.now[c] -= nb
             self.total -= nb
+        self.t_ns.append(time.perf_counter_ns())
+        self.held.append(self.total)
 
     def result(self) -> MemoryPeak:
         at = (self.at_ns - self.start_ns) / 1e3
+        samples = list(zip(self.t_ns.tolist(), self.held.tolist()))
         if self.cuda:
             peak = int(torch.cuda.max_memory_allocated(self.device))
             other = max(0, peak - self.peak)
-            return MemoryPeak(peak, {**self.best, "other": other}, at, "cuda")
-        return MemoryPeak(int(self.peak), dict(self.best), at, "registers")
+            return MemoryPeak(peak, {**self.best, "other": other}, at, "cuda", samples)
+        return MemoryPeak(int(self.peak), dict(self.best), at, "registers", samples)

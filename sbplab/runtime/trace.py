@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .firing import FiringGraph
 from .specs import Actor, Collective, Recv, Send
@@ -56,6 +56,16 @@ class Trace:
     events: list[TraceEvent] = field(default_factory=list)
     flows: list[tuple[int, int]] = field(default_factory=list)
     offsets_us: dict[int, float] = field(default_factory=dict)  # worker clock minus driver clock
+    t0_ns: int = 0  # the driver clock at the run's start, time 0 of every event
+
+    def memory_series(self, memory: dict[int, Any]) -> dict[int, list[tuple[float, int]]]:
+        """Per rank, ``[(time_us, bytes held), ...]`` on this trace's clock, from a run's measured memory
+        (``RunResult.memory``: each rank's samples on its own clock, moved by its measured offset)."""
+        out: dict[int, list[tuple[float, int]]] = {}
+        for r, m in memory.items():
+            off = self.offsets_us.get(r, 0.0) * 1e3 + self.t0_ns
+            out[r] = [((t - off) / 1e3, int(v)) for t, v in getattr(m, "samples", ())]
+        return {r: s for r, s in out.items() if s}
 
     def __len__(self) -> int:
         return len(self.events)
@@ -89,8 +99,9 @@ class Trace:
     def to_dicts(self) -> list[dict]:
         return [asdict(e) for e in self.events]
 
-    def to_chrome(self, path: str | Path | None = None) -> dict:
-        """Chrome trace JSON (opens in Perfetto): pid = rank, tid = lane, flow arrows for registers.
+    def to_chrome(self, path: str | Path | None = None, memory: dict[int, Any] | None = None) -> dict:
+        """Chrome trace JSON (opens in Perfetto): pid = rank, tid = lane, flow arrows for registers, and
+        with ``memory=result.memory`` a counter track per rank of the bytes it held.
 
         Overlapping communication (several transfers in flight) is spread over extra rows of the
         comm lane, because trace viewers expect the slices of one thread to nest.
@@ -123,6 +134,8 @@ class Trace:
                         "tid": rows[a], "ts": round(max(ea.start, ea.end - 0.001), 3)})
             out.append({"ph": "f", "bp": "e", "id": n, "name": "register", "cat": "register", "pid": eb.rank,
                         "tid": rows[b], "ts": round(eb.start, 3)})
+        for r, series in self.memory_series(memory or {}).items():
+            out += [{"ph": "C", "name": "memory", "pid": r, "ts": round(t, 3), "args": {"bytes": v}} for t, v in series]
         doc = {"traceEvents": out, "displayTimeUnit": "ms"}
         if path is not None:
             Path(path).write_text(json.dumps(doc))
@@ -197,4 +210,4 @@ def build_trace(plan: ActorPlan, steps: int, raw: dict[int, list[tuple]], offset
             pi = index.get((node.actor.peer, name, e.firing))
             if pi is not None:
                 flows.append((pi, ci))
-    return Trace(events, flows, {r: o / 1e3 for r, o in offsets_ns.items()})
+    return Trace(events, flows, {r: o / 1e3 for r, o in offsets_ns.items()}, t0_ns)

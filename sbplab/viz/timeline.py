@@ -88,7 +88,8 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
     compiled: the compiled step the trace ran (``sl.compile``): hover names the tensor a collective
         moves, module paths and SBPs before and after, the legend names mesh axes (``dp``, ``tp``).
     memory: per rank, ``[(time_us, bytes), ...]`` to draw as a memory track below the lanes; by default
-        the run's measured samples (``memory_samples``) or the trace's Chrome counter events, if any.
+        a RunResult's measured bytes held over time (``result.memory``'s samples, on the trace's clock) or
+        the trace's Chrome counter events, if any.
         A run's measured peak per rank (``RunResult.memory``; a Prediction's simulated one) is written
         beside each rank's compute lane.
     A Prediction's critical path is outlined; a communication firing's waiting stretch is hatched.
@@ -149,10 +150,35 @@ def _rank_color(rank: Any) -> str:
     return device_color(rank) if isinstance(rank, int) and rank >= 0 else "#666666"
 
 
+MAX_POINTS = 2000  # a memory track's points per rank: beyond, the largest value per time bucket
+
+
+def measured_memory(x: Any) -> dict[int, list[tuple[float, int]]] | None:
+    """A RunResult's bytes held per rank over time, on its trace's clock (None for anything else)."""
+    memory, trace = getattr(x, "memory", None), getattr(x, "trace", None)
+    if not isinstance(memory, dict) or not hasattr(trace, "memory_series"):
+        return None
+    return trace.memory_series(memory) or None
+
+
+def _thin(ts: Sequence[float], vs: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """At most ``MAX_POINTS`` points: per time bucket its largest value (a peak never disappears)."""
+    if len(ts) <= MAX_POINTS:
+        return tuple(ts), tuple(vs)
+    lo, width = ts[0], (ts[-1] - ts[0]) / MAX_POINTS or 1.0
+    best: dict[int, tuple[float, float]] = {}
+    for t, v in zip(ts, vs):
+        k = min(int((t - lo) / width), MAX_POINTS - 1)
+        if k not in best or v > best[k][1]:
+            best[k] = (t, v)
+    keep = [best[k] for k in sorted(best)]
+    return tuple(t for t, _ in keep), tuple(v for _, v in keep)
+
+
 def _memory_tracks(trace: Any, memory: Any, bars: Sequence[Bar]) -> list:
     """The memory counters to draw, on the drawn ranks and within the drawn span."""
     if memory is None:
-        memory = getattr(trace, "memory_samples", None)  # a run that measured its memory
+        memory = measured_memory(trace)
     found = counters([] if memory is not None else trace_events(trace), memory)
     if not bars:
         return found
@@ -162,7 +188,7 @@ def _memory_tracks(trace: Any, memory: Any, bars: Sequence[Bar]) -> list:
     for c in found:
         keep = [(t, v) for t, v in zip(c.t_us, c.values) if lo <= t <= hi]
         if c.rank in ranks and keep:
-            out.append(type(c)(c.rank, c.name, tuple(t for t, _ in keep), tuple(v for _, v in keep)))
+            out.append(type(c)(c.rank, c.name, *_thin([t for t, _ in keep], [v for _, v in keep])))
     return out
 
 
