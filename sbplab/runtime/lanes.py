@@ -23,7 +23,6 @@ scheduler at once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -33,48 +32,11 @@ from typing import Any
 
 import torch
 
-from .comm import Comm, Pending, backend_for, kind_for
-from .specs import Actor, Collective
+from .comm import Comm, Pending
+from .communicators import Streams
+from .specs import Actor
 
-
-class Streams:
-    """CUDA streams and events of the two lanes; on CPU every method is a no-op."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.compute = torch.cuda.Stream(device) if self.cuda else None
-        self.comm = torch.cuda.Stream(device) if self.cuda else None
-        self.t0_event = None
-        self.t0_ns = 0
-
-    def use(self, stream) -> contextlib.AbstractContextManager:
-        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
-
-    def wait_for(self, stream, events: list) -> None:
-        if self.cuda:
-            for ev in events:
-                if ev is not None:
-                    stream.wait_event(ev)
-
-    def record(self, stream):
-        if not self.cuda:
-            return None
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record(stream)
-        return ev
-
-    def start_clock(self) -> None:
-        """On CUDA, firing times come from events measured against this reference."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.t0_event = torch.cuda.Event(enable_timing=True)
-            self.t0_event.record()
-            torch.cuda.synchronize()
-            self.t0_ns = time.perf_counter_ns()
-
-    def to_ns(self, ev) -> int:
-        ev.synchronize()
-        return self.t0_ns + int(self.t0_event.elapsed_time(ev) * 1e6)  # type: ignore[union-attr]
+__all__ = ["CommFailure", "CommLane", "Streams"]
 
 
 class CommFailure(Exception):
@@ -103,9 +65,9 @@ class CommLane:
 
     - ``ready()`` never blocks: operations already finished. A collective says so by itself
       (``is_completed``); a CUDA operation is finished for the CPU as soon as it is posted (its
-      consumers wait on its event). Gloo's send and recv, and the kinds whose ``unpolled_on``
-      names the backend (Gloo's reduce-scatter), cannot be asked, only waited for: the scan
-      passes over them rather than stopping at one.
+      consumers wait on its event). Operations the communicator's capabilities call unpolled
+      (Gloo's send, recv and reduce-scatter) cannot be asked, only waited for: the scan passes
+      over them rather than stopping at one.
     - ``wait_oldest()`` blocks until the oldest operation still in flight finishes.
 
     Why blocking cannot deadlock: every rank posts its communication in one global order
@@ -124,7 +86,7 @@ class CommLane:
 
     def __init__(self, comm: Comm, streams: Streams, micro_batches: int) -> None:
         self.comm, self.streams, self.micro = comm, streams, micro_batches
-        self.backend = backend_for(comm.device_type)
+        self.caps = comm.communicator.caps
         self.posted: deque[_Posted] = deque()  # in posting order
         self.pollable = 0  # how many of them say by themselves when they are done
         self.inflight: dict[tuple[int, int], tuple[int, str]] = {}  # (node, k) -> (t0_ns, label), for status
@@ -142,11 +104,11 @@ class CommLane:
         try:
             with self.streams.use(self.streams.comm):
                 self.streams.wait_for(self.streams.comm, [event])
-                if self.streams.cuda and x is not None:
-                    x.record_stream(self.streams.comm)
+                if self.caps.record_streams:
+                    self.streams.hold([x], self.streams.comm)
                 sev = self.streams.record(self.streams.comm)
                 pend = self.comm.post(actor, x, self.micro, micro, inplace)
-                if self.streams.cuda:
+                if not self.caps.wait_blocks_cpu:
                     out = pend.wait()  # a stream wait, not a CPU one
                     ev = self.streams.record(self.streams.comm)
                     self.posted.append(_Posted(node, k, None, t0, True,
@@ -155,8 +117,7 @@ class CommLane:
                     return
         except BaseException as e:  # noqa: BLE001 - reported to the driver with its traceback
             raise CommFailure(node, k, traceback.format_exc()) from e
-        pollable = pend.work is None or (isinstance(actor, Collective)
-                                         and self.backend not in kind_for(actor).unpolled_on)
+        pollable = pend.work is None or bool(getattr(pend.work, "pollable", True))
         self.posted.append(_Posted(node, k, pend, t0, pollable, None))
         self.pollable += pollable
         if pend.work is not None:

@@ -8,7 +8,6 @@ holding ``a[i]`` of dim i and all of dim j sends ``rest * a[i] * (D_j - b[i])`` 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ...layout import balanced_sizes, local_shape, split_range
 from ...sbp import SbpParallel, Split
@@ -59,7 +58,7 @@ class AllToAllKind(CollectiveKind):
         out[actor.cat_dim] = sum(actor.cat_sizes) if actor.cat_sizes else shape[actor.cat_dim] * p
         return tuple(out)
 
-    def launch(self, actor, x, group, p, me, rank, inplace):
+    def launch(self, actor, x, comm, group, p, me, inplace):
         sizes = actor.sizes or even_sizes(x.shape[actor.dim], p, actor.name)
         cat_sizes = actor.cat_sizes or (x.shape[actor.cat_dim],) * p
         flat = [c.contiguous().view(-1) for c in torch.split(x, list(sizes), actor.dim)]
@@ -70,8 +69,7 @@ class AllToAllKind(CollectiveKind):
             shapes.append(s)
         out_splits = [numel(s) for s in shapes]
         out = torch.empty(sum(out_splits), dtype=x.dtype, device=x.device)
-        work = dist.all_to_all_single(out, torch.cat(flat), out_splits, [f.numel() for f in flat], group=group,
-                                      async_op=True)
+        work = comm.all_to_all(out, torch.cat(flat), out_splits, [f.numel() for f in flat], group)
 
         def finish() -> torch.Tensor:
             return torch.cat([t.view(s) for t, s in zip(torch.split(out, out_splits), shapes)], actor.cat_dim)

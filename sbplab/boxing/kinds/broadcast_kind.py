@@ -4,7 +4,6 @@ change needs it); hand-written actor plans use it, and the runtime and simulator
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from .collective_kind import CollectiveKind, numel
 from .kind_registry import register
@@ -26,9 +25,9 @@ class BroadcastKind(CollectiveKind):
     def actor_bytes(self, actor, me, shape, itemsize) -> int:
         return numel(shape) * itemsize if actor.group[me] == actor.src else 0
 
-    def launch(self, actor, x, group, p, me, rank, inplace):
-        y = x.clone() if rank == actor.src else torch.empty_like(x)
-        work = dist.broadcast(y, src=actor.src, group=group, async_op=True)
+    def launch(self, actor, x, comm, group, p, me, inplace):
+        y = x.clone() if comm.rank == actor.src else torch.empty_like(x)
+        work = comm.broadcast(y, actor.src, group)
         return work, lambda: y
 
 

@@ -1,5 +1,7 @@
-"""CollectiveKind: a step the ranks of one mesh-axis group do together with one torch.distributed
-collective (Gloo for CPU plans, NCCL for CUDA ones).
+"""CollectiveKind: a step the ranks of one mesh-axis group do together with one collective, posted
+on a ``Communicator`` (``sbplab.runtime.communicators``: Gloo for CPU plans, NCCL for CUDA ones,
+in-process for every rank held in one process). The kind says which buffers and pieces travel; how
+a backend moves them (and its quirks) is the communicator's business.
 
 Posting is asynchronous: ``start`` returns a ``Pending`` whose ``wait()`` finishes the output; on CUDA
 that only makes the current stream wait (NCCL's semantics). A collective never writes into its input
@@ -14,13 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 
 from ...layout import balanced_sizes, numel
 from .kind_base import Pending, StepKind
-
-REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-              "avg": dist.ReduceOp.SUM}  # Gloo has no AVG: sum, then divide
 
 Finish = Callable[[], torch.Tensor]
 
@@ -45,11 +43,6 @@ def pad0(t: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
-def averaged(reduce_op: str, p: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Finishing touch of a reduction: ``avg`` is a sum divided by the group size."""
-    return (lambda t: t.div_(p)) if reduce_op == "avg" else (lambda t: t)
-
-
 class CollectiveKind(StepKind):
     """A ring collective on one mesh axis: ``ring_rounds * (p - 1)`` latency steps."""
 
@@ -71,10 +64,11 @@ class CollectiveKind(StepKind):
         follows register shapes through a plan with it)."""
         return tuple(shape)
 
-    def launch(self, actor: Any, x: torch.Tensor, group: object, p: int, me: int, rank: int,
+    def launch(self, actor: Any, x: torch.Tensor, comm: Any, group: tuple[int, ...], p: int, me: int,
                inplace: bool) -> tuple[object, Finish]:
-        """Start the collective: (the async work handle, what turns its buffers into the output)."""
-        raise NotImplementedError(f"boxing kind {self.name!r} has no torch.distributed run")
+        """Post the collective on ``comm`` (a ``Communicator``): (its ``Work``, what turns its buffers into
+        the output)."""
+        raise NotImplementedError(f"boxing kind {self.name!r} has no collective to post")
 
     def start(self, comm: Any, actor: Any, x: torch.Tensor | None, tag: int = 0,
               inplace: bool = False) -> Pending:
@@ -82,7 +76,14 @@ class CollectiveKind(StepKind):
         p = len(actor.group)
         if p == 1:
             return Pending(None, lambda: x.clone(), 0)
-        me = actor.group.index(comm.rank)
-        group = comm.groups[("group",) + tuple(actor.group)]
-        work, finish = self.launch(actor, x, group, p, me, comm.rank, inplace and self.in_place_ok)
+        group = tuple(actor.group)
+        me = group.index(comm.rank)
+        work, finish = self.launch(actor, x, comm, group, p, me, inplace and self.in_place_ok)
         return Pending(work, finish, self.actor_bytes(actor, me, tuple(x.shape), x.element_size()))
+
+    def run_in_process(self, step, shards, shape, world=None) -> dict[int, torch.Tensor]:
+        """Every member of every group posts this kind's collective on its in-process communicator, as a
+        worker does on Gloo; the world moves the tensors between the members' buffers."""
+        from .in_process_run import run_collective
+
+        return run_collective(self, step, shards, shape, world)

@@ -3,7 +3,7 @@
 A kind (slice, zero fill, all-gather, ...) is asked by every part of sbplab that meets a boxing step:
 the planner for the bytes each rank sends and the time that takes on a ``Hardware``, the explanation
 for its one-line reason, the in-process executor for its effect on the shards of a group, lowering
-for the actor it becomes, the runtime for how it runs on a ``torch.distributed`` group, and the
+for the actor it becomes, the runtime for what it posts on a ``Communicator``, and the
 simulator for its duration. Callers test its properties (``is_collective``, ``moves_data``,
 ``reduces``, ...) instead of comparing names, so a new kind is one class plus ``register``.
 """
@@ -49,7 +49,7 @@ class StepKind:
     """One kind of boxing step. Subclasses set ``name`` and the properties, and override what applies.
 
     Properties, so that callers never compare names:
-    - ``is_collective``: runs as one torch.distributed collective on the ranks of a group;
+    - ``is_collective``: runs as one collective (a ``Communicator`` call) on the ranks of a group;
     - ``moves_data``: bytes leave a rank (False for local slices and fills, and same-rank copies);
     - ``reduces``: combines the group's values with a reduce op (its label shows the op);
     - ``between_placements``: a move from one placement to another, not a step on one mesh axis;
@@ -57,9 +57,10 @@ class StepKind:
     - ``lowering``: the actor it becomes: "collective", "kernel" (a local Compute) or "p2p" (Send/Recv);
     - ``has_root``: one rank (a Collective's ``src``) holds the value the others receive;
     - ``bucket_layout``: how gradients share one run of it (``bucket_kernels``): "flat" (one
-      concatenation), "regions" (one region per rank), None (never bucketed);
-    - ``unpolled_on``: backends whose operation of this kind cannot be asked whether it is done
-      (only waited for), so the runtime's comm lane does not poll it.
+      concatenation), "regions" (one region per rank), None (never bucketed).
+
+    Which backend operations can be polled, and every other backend quirk, is the communicator's
+    business (``sbplab.runtime.communicators``), not the kind's.
     """
 
     name: ClassVar[str] = ""
@@ -71,7 +72,6 @@ class StepKind:
     lowering: ClassVar[str] = "kernel"
     has_root: ClassVar[bool] = False
     bucket_layout: ClassVar[str | None] = None
-    unpolled_on: ClassVar[frozenset[str]] = frozenset()
 
     def __str__(self) -> str:
         return self.name
@@ -142,8 +142,10 @@ class StepKind:
         """The group's shards after the step (``xs`` and the result in group order)."""
         raise NotImplementedError(f"boxing kind {self.name!r} cannot run in one process")
 
-    def run_in_process(self, step: BoxingStep, shards: Shards, shape: tuple[int, ...]) -> dict[int, torch.Tensor]:
-        """Apply the step to every group of its mesh axis, all ranks' shards held in this process."""
+    def run_in_process(self, step: BoxingStep, shards: Shards, shape: tuple[int, ...],
+                       world: Any = None) -> dict[int, torch.Tensor]:
+        """Apply the step to every group of its mesh axis, all ranks' shards held in this process
+        (collectives and moves post on ``world``'s in-process communicators instead)."""
         out: dict[int, torch.Tensor] = {}
         for group in step.placement.groups(step.mesh_axis):
             for r, y in zip(group, self.apply(step, tuple(group), [shards[r] for r in group], shape)):
@@ -161,8 +163,8 @@ class StepKind:
         """The ``Collective`` actor's fields for a member of ``group`` (``lowering == "collective"``)."""
         raise NotImplementedError(f"boxing kind {self.name!r} does not lower to a collective")
 
-    # --- torch.distributed ---------------------------------------------------------------------------
+    # --- communication ---------------------------------------------------------------------------
     def start(self, comm: Any, actor: Any, x: torch.Tensor | None, tag: int = 0,
               inplace: bool = False) -> Pending:
-        """Post ``actor``'s operation on ``comm`` (a ``sbplab.runtime.comm.Comm``)."""
-        raise NotImplementedError(f"boxing kind {self.name!r} has no torch.distributed run")
+        """Post ``actor``'s operation on ``comm`` (a ``sbplab.runtime.communicators.Communicator``)."""
+        raise NotImplementedError(f"boxing kind {self.name!r} posts no communication")

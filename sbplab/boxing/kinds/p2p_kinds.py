@@ -2,9 +2,9 @@
 rank or a device type, ``copy`` when every region stays where it is.
 
 A move is a set of transfers (a global region from a source rank to a destination rank). In one
-process each destination assembles its shard from exactly those regions; lowered, a source rank runs
-``take_block -> Send`` per transfer and a destination ``Recv``s plus one ``put_blocks``; on the
-workers each Send/Recv is a tagged point-to-point message. Time: one latency per message plus the
+process and on the workers alike, a source rank runs ``take_block -> Send`` per transfer and a
+destination ``Recv``s plus one ``put_blocks``; each Send/Recv is a tagged point-to-point message on
+the rank's ``Communicator`` (in one process, the in-process one). Time: one latency per message plus the
 busiest rank's bytes over the point-to-point link (``Hardware.alpha_beta(kind, None)``).
 """
 
@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
-from ...layout import local_block, local_shape
+from ...layout import local_block
 from ...sbp import NdSbp, Partial, fmt_sbp
 from .kind_base import Pending, Shards, StepKind
 from .kind_registry import register
@@ -77,26 +76,24 @@ class MoveKind(StepKind):
         return "move to the other placement"
 
     # --- in one process ------------------------------------------------------------------------------
-    def run_in_process(self, step: BoxingStep, shards: Shards, shape: tuple[int, ...]) -> dict[int, torch.Tensor]:
-        """Each destination rank assembles its shard from exactly the regions sent to it."""
+    def run_in_process(self, step: BoxingStep, shards: Shards, shape: tuple[int, ...],
+                       world: Any = None) -> dict[int, torch.Tensor]:
+        """Each destination rank assembles its shard from exactly the regions sent to it, the messages
+        posted on in-process communicators as the workers post them."""
         src_pl, dst_pl = step.src_placement, step.placement
         device = torch.device(dst_pl.device_type or "cpu")  # device-free: this process's CPU
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"this plan moves shards to {dst_pl}, but this process has no CUDA device")
-        like = next(iter(shards.values()))
-        out = {r: torch.empty(local_shape(shape, dst_pl, step.dst_sbp, r), dtype=like.dtype, device=device)
-               for r in dst_pl.rank_list}
-        filled = dict.fromkeys(dst_pl.rank_list, 0)
         partial = _has_partial(step.src_sbp)
         for t in step.transfers:
-            src_block = local_block(shape, src_pl, step.src_sbp, t.src_rank)
-            dst_block = local_block(shape, dst_pl, step.dst_sbp, t.dst_rank)
-            if partial and src_block != dst_block:
+            if partial and local_block(shape, src_pl, step.src_sbp, t.src_rank) != \
+                    local_block(shape, dst_pl, step.dst_sbp, t.dst_rank):
                 raise RuntimeError("a partial shard can only move whole, to the same block")
-            take = take_block([shards[t.src_rank]], {"take": local_region(t.block, src_block)})[0]
-            out[t.dst_rank][tuple(slice(a, b) for a, b in local_region(t.block, dst_block))] = take.to(device)
-            filled[t.dst_rank] += t.numel
-        for r, n in filled.items():
+        from .in_process_run import run_move
+
+        out = run_move(self, step, shards, shape, device, world)
+        for r in dst_pl.rank_list:
+            n = sum(t.numel for t in step.transfers if t.dst_rank == r)
             if n != out[r].numel():
                 raise RuntimeError(f"move into rank {r} wrote {n} of {out[r].numel()} elements; the transfers "
                                    f"do not tile its block")
@@ -111,17 +108,17 @@ class MoveKind(StepKind):
         """The kernel a destination rank runs to assemble its shard from the received regions."""
         return put_blocks, {"shape": out_shape, "takes": tuple(takes), "puts": tuple(puts)}
 
-    # --- torch.distributed ---------------------------------------------------------------------------
+    # --- communication -----------------------------------------------------------------------------
     def start(self, comm: Any, actor: Any, x: torch.Tensor | None, tag: int = 0,
               inplace: bool = False) -> Pending:
         """A Send posts ``x`` to its peer, a Recv a buffer of its declared shape (matched by tag)."""
-        group = comm.groups[("pair",) + tuple(sorted((comm.rank, actor.peer)))]
         if actor.kind == "send":
+            assert x is not None
             buf = x.contiguous()
-            work = dist.isend(buf, dst=actor.peer, group=group, tag=tag)
+            work = comm.send(buf, actor.peer, tag)
             return Pending(work, lambda: None, buf.numel() * buf.element_size())
         y = torch.empty(actor.shape, dtype=actor.dtype, device=comm.device)
-        work = dist.irecv(y, src=actor.peer, group=group, tag=tag)
+        work = comm.recv(y, actor.peer, tag)
         return Pending(work, lambda: y, y.numel() * y.element_size())
 
 

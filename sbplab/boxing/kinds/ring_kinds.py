@@ -7,7 +7,7 @@ Bytes are counted per rank for a ring over the group's piece of ``T`` elements:
   rank i sends ``2T - c[i] - c[i+1]`` and receives ``2T - c[i-1] - c[i]`` (``c`` = balanced chunks).
 
 Uneven splits (7 rows over 3 ranks) are where the plan, the runtime and the trace used to disagree.
-Gloo and NCCL all-gather / reduce-scatter take equal pieces, so the runtime pads every piece to the
+Communicators' all-gather / reduce-scatter take equal pieces (Gloo's and NCCL's do), so the kind pads every piece to the
 largest one and the wire really carries ``(p - 1) * max_chunk`` per rank. The plan counts exactly
 that (padding in the arithmetic, not unpadded sends in the run): the number the plan reports, the
 actor spec's ``bytes_sent`` and the trace's bytes are one number, the one really sent. For even
@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
 from ...layout import balanced_sizes, local_shape, reduce_tensors, split_range
 from ...sbp import Broadcast, Partial, SbpParallel, Split
-from .collective_kind import REDUCE_OPS, CollectiveKind, averaged, even_sizes, numel, pad0, rest_of
+from .collective_kind import CollectiveKind, even_sizes, numel, pad0, rest_of
 from .kind_registry import register
 
 
@@ -95,12 +94,12 @@ class AllGatherKind(RingKind):
         out[actor.dim] = sum(actor.sizes) if actor.sizes else shape[actor.dim] * len(actor.group)
         return tuple(out)
 
-    def launch(self, actor, x, group, p, me, rank, inplace):
+    def launch(self, actor, x, comm, group, p, me, inplace):
         xt = x.movedim(actor.dim, 0)
         sizes = actor.sizes or (xt.shape[0],) * p
         top = max(sizes)
         out = torch.empty((p * top,) + tuple(xt.shape[1:]), dtype=x.dtype, device=x.device)
-        work = dist.all_gather_single(out, pad0(xt, top), group=group, async_op=True)
+        work = comm.all_gather(out, pad0(xt, top), group)
 
         def finish() -> torch.Tensor:
             pieces = [out[i * top: i * top + s] for i, s in enumerate(sizes)]
@@ -114,7 +113,6 @@ class ReduceScatterKind(RingKind):
     name = "reduce_scatter"
     reduces = True
     bucket_layout = "regions"
-    unpolled_on = frozenset({"gloo"})  # Gloo's Work says it is done only once waited for (and has no future)
 
     def turns(self, old: SbpParallel, new: SbpParallel) -> bool:
         return isinstance(old, Partial) and isinstance(new, Split)
@@ -150,16 +148,15 @@ class ReduceScatterKind(RingKind):
         out[actor.dim] = (actor.sizes or even_sizes(shape[actor.dim], len(actor.group), actor.name))[me]
         return tuple(out)
 
-    def launch(self, actor, x, group, p, me, rank, inplace):
+    def launch(self, actor, x, comm, group, p, me, inplace):
         xt = x.movedim(actor.dim, 0)
         sizes = actor.sizes or even_sizes(xt.shape[0], p, actor.name)
         top = max(sizes)
         chunks = torch.split(xt, list(sizes), 0)
         buf = torch.cat([pad0(c, top) for c in chunks], 0) if min(sizes) != top else xt.contiguous()
         out = torch.empty((top,) + tuple(xt.shape[1:]), dtype=x.dtype, device=x.device)
-        work = dist.reduce_scatter_single(out, buf, op=REDUCE_OPS[actor.reduce_op], group=group, async_op=True)
-        avg = averaged(actor.reduce_op, p)
-        return work, lambda: avg(out[: sizes[me]]).movedim(0, actor.dim).contiguous()
+        work = comm.reduce_scatter(out, buf, actor.reduce_op, group)
+        return work, lambda: out[: sizes[me]].movedim(0, actor.dim).contiguous()
 
 
 class AllReduceKind(RingKind):
@@ -199,11 +196,10 @@ class AllReduceKind(RingKind):
     def actor_bytes(self, actor, me, shape, itemsize) -> int:
         return self.ring_elements(len(actor.group), me, numel(shape), [])[0] * itemsize
 
-    def launch(self, actor, x, group, p, me, rank, inplace):
+    def launch(self, actor, x, comm, group, p, me, inplace):
         y = x if inplace and x.is_contiguous() else x.clone()
-        work = dist.all_reduce(y, op=REDUCE_OPS[actor.reduce_op], group=group, async_op=True)
-        avg = averaged(actor.reduce_op, p)
-        return work, lambda: avg(y)
+        work = comm.all_reduce(y, actor.reduce_op, group)
+        return work, lambda: y
 
 
 register(AllGatherKind())

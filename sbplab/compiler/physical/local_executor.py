@@ -1,7 +1,9 @@
 """LocalExecutor: one training step of a physical graph, every rank's shard held in this process.
 
 It runs exactly the physical graph: compute nodes with their localized attributes, boxing steps
-with their kinds' real semantics (``step.kind_obj.run_in_process``), sends and receives between stages,
+through their kinds' own code (``step.kind_obj.run_in_process``: collectives and sends/receives
+posted by every rank on its in-process communicator, the same ``start`` the workers post on Gloo or
+NCCL, the tensors moved between the ranks' buffers by one ``InProcessWorld``), sends and receives between stages,
 micro-batches with ``acc`` accumulation, and the write-back of parameters and optimizer state.
 Nothing here reassembles a full tensor except to report the loss and parameters to the user, so
 a wrong signature or boxing shows up as a wrong number, not a hidden fix.
@@ -15,6 +17,7 @@ import torch
 
 from ...layout import assemble, shard
 from ...ops.registry import get_op
+from ...runtime.communicators import InProcessWorld
 from ..ir import Graph, GraphError
 from .graph import PhysicalGraph
 
@@ -55,6 +58,7 @@ class LocalExecutor:
     def __init__(self, phys: PhysicalGraph, graph: Graph) -> None:
         self.phys, self.graph = phys, graph
         self.units = _units(phys)
+        self.world = InProcessWorld(phys.ranks)  # every rank's communicator, groups made as steps need them
         self.state = initial_shards(phys, graph)
         self.last: dict[int, tuple[torch.Tensor, ...]] = {}
 
@@ -71,7 +75,7 @@ class LocalExecutor:
         shape = self.graph.tensors[nodes[0].logical].shape
         if step.mesh_axis is not None:
             out = step.kind_obj.run_in_process(step, {n.rank: vals[n.inputs[0].node][n.inputs[0].out] for n in nodes},
-                                               shape)
+                                               shape, self.world)
             for n in nodes:
                 vals[n.id] = (out[n.rank],)
             return
@@ -82,7 +86,7 @@ class LocalExecutor:
             elif n.attrs.get("local_input") is not None:
                 r = n.inputs[n.attrs["local_input"]]
                 shards[n.rank] = vals[r.node][r.out]
-        out = step.kind_obj.run_in_process(step, shards, shape)
+        out = step.kind_obj.run_in_process(step, shards, shape, self.world)
         for n in nodes:
             vals[n.id] = (out[n.rank],) if n.op == "recv" else ()
 
