@@ -115,3 +115,22 @@ def test_pipeline_stages_and_point_to_point_edges():
     if dot_available():
         svg = physical_picture(phys, d).svg()
         assert "stage 1" in svg and "rank 1" in svg
+
+
+def test_many_ranks_draw_each_class_of_alike_ranks_once_labelled_by_its_ranks():
+    """16 ranks in two pipeline stages of 8 data-parallel replicas: two clusters, ``ranks 0-7 (alike)``
+    and ``ranks 8-15 (alike)``, joined by the stages' transfer; alike=False draws every rank."""
+    import sbplab as sl
+
+    m = MLP(MLPConfig(n_blocks=2))
+    (x,), y = m.example_batch(32)
+    st = sl.Strategy(sl.mesh(pp=2, dp=8), [sl.Pipeline("pp", micro_batches=2), sl.DataParallel("dp")])
+    c = sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.1), strategy=st)
+    clusters = lambda d: re.findall(r'label="(ranks? [^"]*)"; style="rounded"', d)  # noqa: E731
+    dot = physical_dot(c.physical, c.graph)
+    assert clusters(dot) == ["ranks 0-7 (alike)", "ranks 8-15 (alike)"]
+    assert 'color="#d55e00"' in dot  # stage 0's send to stage 1's receive
+    every = physical_dot(c.physical, c.graph, alike=False)
+    assert clusters(every) == [f"rank {r}" for r in range(16)]
+    few = physical_dot(c.physical, c.graph, ranks=[0, 1, 8])  # 8 ranks or fewer: each its own cluster
+    assert clusters(few) == ["rank 0", "rank 1", "rank 8"]

@@ -30,7 +30,7 @@ def module_group(path: str, depth: int) -> str:
     return ".".join(path.split(".")[:depth]) if path else TOP
 
 
-def _ranges(ranks: Sequence[int]) -> str:
+def rank_ranges(ranks: Sequence[int]) -> str:
     """``0-3, 6``: a rank list as people write it."""
     out, run = [], [ranks[0]]
     for r in ranks[1:]:
@@ -113,7 +113,7 @@ def physical_module_dot(phys: Any, graph: Any, phases: Sequence[str] = ("forward
     body: list[str] = []
     for i, ranks in enumerate(classes):
         body.append(f"subgraph {q(f'cluster_class{i}')} {{")
-        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)} (alike)"
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)} (alike)"
         body.append(f"  label={q(label)}; style=\"rounded\"; color={q(device_color(ranks[0]))}; penwidth=2;")
         for (c, g), (ops, cs, sent) in stats.items():
             if c == i:

@@ -5,7 +5,9 @@ Edges carry the local shape and the SBP the shard is a piece of. Members of one 
 joined by a dashed orange line across ranks, send/recv pairs by a vermillion arrow (Okabe-Ito), so the global
 collective order can be read off the picture. With the logical graph at hand, repeated layers
 collapse per rank exactly as in the logical picture. Rank clusters sit two to a row (``columns``),
-further rows below, so a picture of four ranks keeps readable text in a notebook's width.
+further rows below, so a picture of four ranks keeps readable text in a notebook's width. Past eight
+ranks, ranks doing the same work (data-parallel replicas, one stage's ranks) are one cluster labelled by
+its rank set (``ranks 1-15 (alike)``): sixteen or sixty-four copies of one cluster would only scroll.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from ..sbp import fmt_sbp
 from .colors import device_color
 from .dot import MAX_NODES, DotPicture, digraph, edge, node, node_count, q
 from .graph_dot import PHASE_FILL
+from .module_dot import rank_classes, rank_ranges
 from .repeat import collapsed_units, find_repeats, unit_of
+
+ALIKE_FROM = 8  # more ranks than this in one picture: alike ranks drawn once
 
 
 def module_of(graph: Any, logical: str) -> str:
@@ -91,17 +96,27 @@ def _stack(per_rank_ids: dict[int, list[str]], same_rank: set[tuple[str, str]], 
 
 def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = None,
                  phases: Sequence[str] = ("forward",), show_sources: bool = False, collapse: bool = True,
-                 keep: int = 1, title: str | None = None, columns: int = 2) -> str:
+                 keep: int = 1, title: str | None = None, columns: int = 2, alike: bool | None = None) -> str:
     """DOT text of a ``PhysicalGraph``; ``graph`` (the logical Graph or a Deduction) enables collapsing.
 
     columns: rank clusters side by side per row (within a pipeline stage); more ranks wrap onto rows
         below, so a picture of many ranks grows downwards (a notebook scrolls) instead of shrinking
         its text to fit the width.
+    alike: draw one cluster per class of ranks doing the same work, labelled by its ranks; None: when
+        more than ``ALIKE_FROM`` ranks are drawn.
     """
     if columns < 1:
         raise InputError(f"columns must be >= 1 (rank clusters per row), got {columns}")
     graph = getattr(graph, "graph", graph)
     want = set(phys.ranks if ranks is None else ranks)
+    listed = sorted(want)
+    names = {r: f"rank {r}" for r in want}
+    if alike or (alike is None and len(want) > ALIKE_FROM):
+        for cls in rank_classes(phys, phases):
+            members = [r for r in cls if r in want]
+            if len(members) > 1:
+                want -= set(members[1:])
+                names[members[0]] = f"ranks {rank_ranges(members)} (alike)"
     shown = [n for n in phys.nodes if n.rank in want and n.phase in phases
              and (show_sources or n.kind != "source")]
     units = {n.id: unit_of(module_of(graph, n.logical)) for n in shown}
@@ -166,7 +181,7 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
         for r in members:
             lines = per_rank[r]
             inner.append(f"subgraph {q(f'cluster_rank{r}')} {{")
-            inner.append(f'  label={q(f"rank {r}")}; style="rounded"; '
+            inner.append(f'  label={q(names[r])}; style="rounded"; '
                          f'color={q(device_color(r))}; penwidth=2;')
             inner.extend("  " + x for x in lines)
             inner.append("}")
@@ -177,7 +192,7 @@ def physical_dot(phys: Any, graph: Any = None, ranks: Iterable[int] | None = Non
             body.append("}")
         else:
             body.extend(inner)
-    label = title or f"physical graph: ranks {sorted(want)}, {', '.join(phases)}"
+    label = title or f"physical graph: ranks {listed}, {', '.join(phases)}"
     return digraph(body + edges, name="physical", label=label)
 
 
