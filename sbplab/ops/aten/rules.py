@@ -172,11 +172,18 @@ declare("attention", _ops(
     "_scaled_dot_product_efficient_attention.default", "_scaled_dot_product_efficient_attention_backward.default",
     "_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_cudnn_attention_backward.default",
 ), lambda n, i, o, a: nn.attention_signatures(i, o), note="batch and heads split")
+declare("attention", ["sbplab.scaled_dot_product_attention.default", "sbplab.scaled_dot_product_attention_backward.default"],
+        lambda n, i, o, a: nn.fused_attention_signatures(i, o, n.endswith("backward.default")),
+        note="batch and heads split; the kernel is the device's (ops/aten/attention.py)")
 VOCAB = "weight rows split by vocabulary: a masked lookup, each rank its rows' gradient (vocab_parallel.py)"
 declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_signatures(i, o),
         vp.embedding_localize, note=VOCAB)
 declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o, a),
         vp.embedding_backward_localize, note=VOCAB)
+declare("indexing", ["sbplab.pick_logit.default"], vp.pick_signatures, vp.pick_localize,
+        note="the target's logit; on logits split by vocabulary a partial sum (vocab_parallel.py)")
+declare("indexing", ["sbplab.pick_logit_backward.default"], vp.pick_backward_signatures, vp.pick_backward_localize,
+        note="each rank writes its vocabulary columns of the gradient (vocab_parallel.py)")
 declare("indexing", _ops("gather.default", "scatter.value", "scatter.src", "scatter_add.default"),
         lambda n, i, o, a: nn.gather_signatures(i, o, a, n == "aten.gather.default"))
 declare("indexing", _ops("index.Tensor"), lambda n, i, o, a: nn.index_signatures(i, o, a))

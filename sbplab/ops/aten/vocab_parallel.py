@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import LocalContext
+from ._common import B, P, S, sig
 
 LIB = __name__
 
@@ -75,3 +76,90 @@ def embedding_backward_localize(name: str):
         args[2] = r1 - r0  # num_weights: this rank's rows
         return _with_kwarg(attrs, "sbplab.embedding_rows_backward.default", tuple(args), r0)
     return localize
+
+
+# --- the cross entropy on vocabulary shards (Megatron's vocab_parallel_cross_entropy) ---------------
+# ``sbplab.compiler.frontend.vocab_cross_entropy`` writes ``F.cross_entropy`` as a log-sum-exp minus the
+# target's logit; the target's logit is the op below. On logits split by vocabulary (``S(-1)``) each rank
+# picks the targets in its columns and zeros for the rest (a partial sum), and its backward writes the
+# gradient into this rank's columns only: nothing is gathered, forward or backward.
+
+@torch.library.custom_op("sbplab::pick_logit", mutates_args=())
+def pick_logit(logits: torch.Tensor, target: torch.Tensor, vocab_start: int = 0) -> torch.Tensor:
+    """``logits[..., target - vocab_start]`` (..., V) -> (...) for the targets in these columns, else 0 (an
+    ignored target, e.g. -100, is in no rank's columns)."""
+    v = logits.shape[-1]
+    mine = (target >= vocab_start) & (target < vocab_start + v)
+    idx = torch.where(mine, target - vocab_start, 0).unsqueeze(-1)
+    out = logits.gather(-1, idx).squeeze(-1)
+    return torch.where(mine, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+@pick_logit.register_fake
+def _(logits, target, vocab_start=0):
+    return logits.new_empty(logits.shape[:-1])
+
+
+@torch.library.custom_op("sbplab::pick_logit_backward", mutates_args=())
+def pick_logit_backward(grad: torch.Tensor, target: torch.Tensor, num_classes: int,
+                        vocab_start: int = 0) -> torch.Tensor:
+    """Columns ``[vocab_start, vocab_start + num_classes)`` of ``pick_logit``'s input gradient: ``grad``
+    at each target's column, zeros elsewhere."""
+    mine = (target >= vocab_start) & (target < vocab_start + num_classes)
+    idx = torch.where(mine, target - vocab_start, 0).unsqueeze(-1)
+    out = grad.new_zeros((*grad.shape, num_classes))
+    src = torch.where(mine, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)).unsqueeze(-1)
+    return out.scatter(-1, idx, src)
+
+
+@pick_logit_backward.register_fake
+def _(grad, target, num_classes, vocab_start=0):
+    return grad.new_empty((*grad.shape, num_classes))
+
+
+def _pick_setup(ctx, inputs, output) -> None:
+    logits, target, start = inputs
+    ctx.save_for_backward(target)
+    ctx.num_classes, ctx.vocab_start = logits.shape[-1], start
+
+
+def _pick_backward(ctx, grad):
+    (target,) = ctx.saved_tensors
+    return pick_logit_backward(grad, target, ctx.num_classes, ctx.vocab_start), None, None
+
+
+pick_logit.register_autograd(_pick_backward, setup_context=_pick_setup)
+
+
+def pick_localize(name: str):
+    """``pick_logit`` on a rank holding columns ``[c0, c1)`` of the logits: those columns' targets."""
+    def localize(attrs: dict, ctx: LocalContext) -> dict:
+        c0, _ = ctx.in_blocks[0][-1]
+        args = tuple(attrs["args"])[:2] + (c0,)
+        return {**attrs, "args": args, "kwargs": ()}
+    return localize
+
+
+def pick_backward_localize(name: str):
+    """``pick_logit_backward`` making columns ``[c0, c1)`` of the gradient."""
+    def localize(attrs: dict, ctx: LocalContext) -> dict:
+        c0, c1 = ctx.out_blocks[0][-1]
+        args = tuple(attrs["args"])[:2] + (c1 - c0, c0)
+        return {**attrs, "args": args, "kwargs": ()}
+    return localize
+
+
+def pick_signatures(name: str, ins: list, outs: list, attrs: dict) -> list:
+    """logits (..., V), target (...) -> (...): the vocabulary split makes a partial sum; batch dims split
+    with the target; linear in the logits."""
+    nd = len(ins[0].shape)
+    batch = [sig([S(d), S(d)], [S(d)]) for d in range(nd - 1) if ins[0].shape[d] > 1]
+    return [sig([S(nd - 1), B], [P]), *batch, sig([P, B], [P])]
+
+
+def pick_backward_signatures(name: str, ins: list, outs: list, attrs: dict) -> list:
+    """grad (...), target (...) -> (..., V): whole inputs make any columns; batch dims split together;
+    linear in the gradient."""
+    nd = len(outs[0].shape)
+    batch = [sig([S(d), S(d)], [S(d)]) for d in range(nd - 1) if outs[0].shape[d] > 1]
+    return [sig([B, B], [S(nd - 1)]), *batch, sig([P, B], [P])]

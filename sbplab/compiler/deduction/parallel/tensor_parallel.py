@@ -140,6 +140,11 @@ class _TPContext:
         """Whole on the tensor-parallel axis, the batch split on the data-parallel ones."""
         return tuple(S(0) if a in self.dp else B for a in range(self.ndim))
 
+    def last_split(self, name: str) -> tuple:
+        """Split by its last dim on the tp axis (logits by vocabulary), the batch on the data-parallel ones."""
+        last = len(self.graph.tensors[name].shape) - 1
+        return tuple(S(0) if a in self.dp else S(last) if a == self.axis else B for a in range(self.ndim))
+
     def between_blocks(self, name: str) -> tuple:
         """What an activation between blocks is on the tp axis: whole, or under sequence parallel split by
         the sequence (dim 1 of (B, T, C), dim 0 of a flattened (B*T, C))."""
@@ -224,6 +229,43 @@ def _glob_for(name: str, globs: tuple[str, ...]) -> str:
     return next((g for g in globs if fnmatch.fnmatchcase(name, g)), escape(name))
 
 
+PICK = "sbplab.pick_logit.default"  # the target's logit of the capture's cross entropy (vocab_cross_entropy.py)
+LOSS_PATH = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.slice.Tensor",
+             "aten._to_copy.default", "aten.clone.default", "aten.alias.default")
+
+
+def _sharded_loss(graph: Graph, logits: str, depth: int = 8) -> bool:
+    """Whether ``logits`` reach a cross entropy written for vocabulary shards (through reshapes, slices and
+    casts) and nothing else reads them: then they need never be gathered."""
+    todo, seen = [(logits, 0)], False
+    while todo:
+        name, k = todo.pop()
+        for op in graph.consumers(name):
+            if op.phase != "forward":
+                continue
+            if op.type == PICK:
+                seen = True
+            elif op.type in LOSS_PATH and k < depth:
+                todo.append((op.outputs[0], k + 1))
+    return seen
+
+
+def _loss_reductions(graph: Graph) -> list[tuple[str, str]]:
+    """The row max and the row sum of exponentials of each sharded cross entropy (the reductions over the
+    classes that Megatron all-reduces), as (tensor, what)."""
+    out = []
+    for pick in [op for op in graph.ops if op.type == PICK and op.phase == "forward"]:
+        x = pick.inputs[0]
+        for op in graph.consumers(x):
+            if op.type == "aten.amax.default":
+                out.append((op.outputs[0], "the row max"))
+            for e in graph.consumers(op.outputs[0]) if op.type == "aten.sub.Tensor" else ():
+                for r in graph.consumers(e.outputs[0]) if e.type == "aten.exp.default" else ():
+                    if r.type == "aten.sum.dim_IntList":
+                        out.append((r.outputs[0], "the sum of exponentials"))
+    return out
+
+
 def _embedding_parts(op: OpNode) -> tuple[str, str]:
     """(ids, weight) of an embedding op, whatever order its type takes them in."""
     return (op.inputs[0], op.inputs[1]) if op.type == "embedding" else (op.inputs[1], op.inputs[0])
@@ -302,8 +344,15 @@ def _vocab_hints(ctx: _TPContext, embeds: list, heads: list) -> list[Hint]:
         _hint(escape(use.param), [use.param], ctx.nd(S(use.param_out)), "Megatron output layer: split by vocabulary",
               out, role="param", pin=True)
         o = op.outputs[0]
-        _hint(escape(o), [o], ctx.whole(), "Megatron output layer: the logits gathered for the loss", out,
-              role="activation")
+        if _sharded_loss(graph, o):
+            _hint(escape(o), [o], ctx.last_split(o), "Megatron output layer: the logits stay split by vocabulary, "
+                  "the cross entropy runs on the shards", out, role="activation")
+            for t, why in _loss_reductions(graph):
+                _hint(escape(t), [t], ctx.whole(), f"Megatron vocab-parallel cross entropy: {why} all-reduced", out,
+                      **({"use": True} if "max" in why else {"role": "activation"}))
+        else:
+            _hint(escape(o), [o], ctx.whole(), "Megatron output layer: the logits gathered for the loss", out,
+                  role="activation")
         if graph.input_grads:
             what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
             _hint(escape(op.name), [op.name], ctx.between_blocks(op.inputs[use.data]),

@@ -1,0 +1,66 @@
+"""``F.cross_entropy`` written so that its logits can stay split over the vocabulary.
+
+torch's cross entropy is a log-softmax over the classes followed by a pick of each target's log-probability;
+on logits split by vocabulary (the output layer of Megatron's tensor parallel) neither has a local form,
+so the logits were gathered first: (B*T, V) bytes per rank for the largest activation of a language model.
+Megatron's vocab-parallel cross entropy needs three all-reduces of (B*T,) numbers instead, and no
+communication backward. The capture writes the same loss in ops that say exactly that:
+
+    m   = amax(x, classes).detach()          # (N, 1)   S(V) -> P(max): all-reduce max
+    z   = sum(exp(x - m), classes)           # (N,)     S(V) -> P: all-reduce sum
+    x_t = sbplab::pick_logit(x, target)      # (N,)     S(V) -> P: all-reduce sum (the target's logit)
+    loss_i = (log z + m - x_t) * (target != ignore_index)
+
+The max is only a shift for stability (the loss does not depend on it, so it carries no gradient); the
+backward autograd derives is softmax minus the one-hot target, each rank on its own columns. With the logits
+whole the ops compute the same loss as torch (to rounding). Only the plain call is rewritten: class indices,
+classes in dim 1 of 2-D logits, no class weights, no label smoothing; any other call is torch's own.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ...ops.aten.vocab_parallel import pick_logit
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _plain(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``F.cross_entropy`` call is one this formulation computes exactly."""
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+    call = dict(zip(names, args)) | kwargs
+    x, t = call.get("input"), call.get("target")
+    if not isinstance(x, torch.Tensor) or not isinstance(t, torch.Tensor):
+        return False
+    return (x.dim() == 2 and x.dtype.is_floating_point and t.dim() == 1 and not t.dtype.is_floating_point
+            and call.get("weight") is None and call.get("size_average") is None and call.get("reduce") is None
+            and call.get("reduction", "mean") in REDUCTIONS and not call.get("label_smoothing", 0.0)
+            and isinstance(call.get("ignore_index", -100), int))
+
+
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(input (N, V), target (N,))`` as a log-sum-exp minus the target's logit."""
+    m = torch.amax(input, dim=1, keepdim=True).detach()  # (N, 1)  a shift: the loss does not depend on it
+    z = torch.exp(input - m).sum(dim=1)  # (N,)
+    valid = (target != ignore_index).to(input.dtype)  # (N,)
+    loss = (torch.log(z) + m.squeeze(1) - pick_logit(input, target)) * valid  # (N,)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / valid.sum()  # torch's mean: over the targets not ignored (nan when there are none)
+
+
+class VocabShardedCrossEntropy(TorchFunctionMode):
+    """While active, plain ``F.cross_entropy`` calls run ``cross_entropy`` above (the capture holds it)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.cross_entropy and _plain(args, kwargs):
+            return cross_entropy(*args, **kwargs)
+        return func(*args, **kwargs)
