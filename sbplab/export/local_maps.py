@@ -23,6 +23,7 @@ TORCH_FUNCTIONS = {
     "aten._scaled_dot_product_flash_attention_for_cpu.default": "scaled_dot_product_attention",
     "aten._scaled_dot_product_efficient_attention.default": "scaled_dot_product_attention",
     "aten._scaled_dot_product_flash_attention.default": "scaled_dot_product_attention",
+    "sbplab.scaled_dot_product_attention.default": "scaled_dot_product_attention",
 }
 SDPA_TENSOR_ARGS = ("query", "key", "value", "attn_mask")
 

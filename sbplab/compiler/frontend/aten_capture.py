@@ -35,6 +35,7 @@ import torch.nn as nn
 
 from ...errors import SbplabError
 from ...gc_pause import without_gc
+from ...ops.aten.attention import AttentionMode
 from ...ops.aten.calls import DeviceSlot, Slot, library_of
 from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
@@ -158,6 +159,7 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
         with contextlib.ExitStack() as stack:
             if autocast is not None:
                 stack.enter_context(torch.autocast("cpu", dtype=autocast))
+            stack.enter_context(AttentionMode())  # SDPA as one op whose kernel the device picks
             ep = torch.export.export(step, traced_flat, strict=False)
             joint = aot_export_joint_with_descriptors(stack, ep.module(), traced_flat, decompositions=decompositions())
     except SbplabError:

@@ -39,6 +39,34 @@ def attention_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[
     return [sig([split(m, d) for m in ins], [split(m, d) for m in outs]) for d in (0, 1) if ins[0].shape[d] > 1]
 
 
+def _mask_split(mask: TensorMeta, d: int, size: int) -> object:
+    """An attention mask broadcasts to (B, H, L, S) from the right: it splits batch (d=0) or heads (d=1)
+    where it has that dim at full size, else every rank needs all of it."""
+    k = len(mask.shape) - 4 + d
+    return S(k) if k >= 0 and mask.shape[k] == size else B
+
+
+def fused_attention_signatures(ins: list[TensorMeta], outs: list[TensorMeta], backward: bool) -> list[Signature]:
+    """sbplab's attention op (attention.py). Forward (q, k, v[, mask]) -> (out, lse); backward
+    (grad, q, k, v[, mask], out, lse) -> (gq, gk, gv). Batch (0) or heads (1) split on every
+    (B, H, ...) tensor; a single key/value head (multi-query attention) stays whole when heads split,
+    and then its gradient, summed over the rank's query heads, is partial (P)."""
+    q = ins[1 if backward else 0].shape
+    kv = ins[2 if backward else 1].shape
+    has_mask = len(ins) == (7 if backward else 4)
+    mask_at = (4 if backward else 3) if has_mask else -1
+    sigs = []
+    for d in (0, 1):
+        if q[d] <= 1:
+            continue
+        kv_sbp = S(d) if kv[d] > 1 else B
+        ins_s = [_mask_split(m, d, q[d]) if j == mask_at else (kv_sbp if j in ((2, 3) if backward else (1, 2)) else S(d))
+                 for j, m in enumerate(ins)]
+        outs_s = [S(d), P if kv_sbp is B else S(d), P if kv_sbp is B else S(d)] if backward else [S(d), S(d)]
+        sigs.append(sig(ins_s, outs_s))
+    return sigs
+
+
 def embedding_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
     # embedding(weight (V, C), indices (...)) -> (..., C)
     idx = ins[1].shape
