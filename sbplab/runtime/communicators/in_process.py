@@ -14,7 +14,7 @@ the others post). A wait that cannot finish says which ranks never posted, inste
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -93,6 +93,7 @@ class InProcessWorld:
         self.pending: dict[tuple, _Rendezvous] = {}  # (group, number) -> rendezvous
         self.mail: dict[tuple[int, int, int], deque[_Rendezvous]] = {}  # (src, dst, tag) -> unmatched messages
         self.comms = {r: InProcessCommunicator(self, r) for r in self.ranks}
+        self.counts: Counter[str] = Counter()  # operations run, by name ("send_recv" for a message)
 
     def communicator(self, rank: int) -> InProcessCommunicator:
         if rank not in self.comms:
@@ -105,6 +106,7 @@ class InProcessWorld:
         except CommunicatorError as e:
             rv.error = str(e)
         rv.done = True
+        self.counts[rv.op if rv.members != ("send", "recv") else "send_recv"] += 1
         self.cond.notify_all()
 
     def post_collective(self, rank: int, op: str, group: tuple[int, ...], args: tuple,
