@@ -65,10 +65,12 @@ from .runtime import LocalCluster, PlanError, RunError, Trace
 from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
 from .search import SearchError
 from .sim import SimulationError, simulate
+from .sim.memory_model import MemoryCapacityWarning
 from .viz import compare_timelines, layout_picture, timeline, type_string
 
 __all__ = [
     "CaptureError", "ReplicatedOpWarning", "LocalOnlyOpWarning", "TensorParallelWarning", "register_rule", "Signature",
+    "MemoryCapacityWarning",
     # semantics
     "B", "Broadcast", "P", "Partial", "Placement", "S", "Split", "fmt_sbp", "parse_sbp",
     "assemble", "balanced_sizes", "local_block", "local_shape", "random_shards", "shard", "split_range",

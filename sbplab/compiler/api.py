@@ -33,7 +33,7 @@ from .lowering.to_actors import lower_to_actors
 from .physical.expand import lower
 from .physical.graph import PhysicalGraph
 from .physical.local_executor import LocalExecutor, initial_shards
-from .physical.memory import MemoryReport, memory_report
+from .physical.memory import MemoryReport, compiled_memory
 from .training.optim import as_optimizer
 from .training.recompute import SUFFIX, RecomputeReport, apply_recompute
 from .training.training_graph import trace_training_graph, training_graph
@@ -51,7 +51,7 @@ class Compiled:
     strategy: Strategy
     deduction: Deduction
     physical: PhysicalGraph
-    memory: MemoryReport
+    _memory: MemoryReport | None = field(default=None, repr=False)  # made on first use (``memory``)
     recompute: RecomputeReport | None = None  # what Strategy.recompute cloned into the backward
     _plans: dict[tuple, ActorPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -66,8 +66,17 @@ class Compiled:
         if key not in self._plans:
             self._plans[key] = lower_to_actors(self.physical, self.graph, registers=registers, outputs=outputs,
                                                name=self.strategy.name, world_size=world_size, order=order,
-                                               bucket_mb=self.strategy.bucket_mb)
+                                               bucket_mb=self.strategy.bucket_mb,
+                                               schedule=self.strategy.schedule)
         return self._plans[key]
+
+    @property
+    def memory(self) -> MemoryReport:
+        """Per rank, the peak memory of this step: the one memory model (register lifetimes,
+        ``sim/memory_model.py``), the figure ``sl.simulate`` gives, on the hardware it was compiled for."""
+        if self._memory is None:
+            self._memory = compiled_memory(self, self.deduction.hardware)
+        return self._memory
 
     def feeds(self, inputs: Any) -> Batches:
         """User inputs as the graph's named inputs, each checked against the compiled shape and dtype.
@@ -121,7 +130,7 @@ def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | No
         report = apply_recompute(g, strategy.recompute)
     d = deduce(g, strategy, hardware)
     phys = lower(d)
-    return Compiled(g, strategy, d, phys, memory_report(d, phys), report)
+    return Compiled(g, strategy, d, phys, recompute=report)
 
 
 def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None = None,

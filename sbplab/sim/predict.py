@@ -21,8 +21,9 @@ from ..runtime.fusion import fuse_chains
 from .comm_time import CommInfo
 from .engine import Engine
 from .firing_cost import FiringCost, comm_cost, compute_cost, device_of
+from .memory_model import warn_capacity
 from .prediction import Prediction, memory_fields
-from .register_memory import peak_memory
+from .register_memory import held_between_steps, peak_memory
 from .shapes import batch_shapes, infer_rank_shapes
 from .sim_errors import SimulationError
 from .step_pricing import StepPricing, pricing_of
@@ -82,6 +83,8 @@ def simulate(step: Any, hw: Hardware, *, steps: int = 3,
     compute at once than there are cores, and slows transfers that start while the cores compute
     (where the calibration measured it); it applies to CPU plans only (a GPU rank has its own device).
     A device-free step (a preset compiled without ``device=``) runs on ``hw``'s device (``device_of``).
+    A rank whose predicted peak exceeds ``hw``'s device memory (a Machine's device model) is named in a
+    ``MemoryCapacityWarning``.
     """
     plan, batch, known = plan_of(step)
     batch.update(batch_shapes(feeds))
@@ -146,14 +149,17 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     ends = step_ends(firings, step_of, steps)
     lo, hi, n = window(ends)
     mem = peak_memory(firings, {r: plan.ranks[r].actors for r in classes}, shapes, hi)
+    kept = {r: held_between_steps(plan.ranks[r].actors, shapes[r]) for r in classes}
     per_rep = rank_breakdown(firings, list(classes), lo, hi, n)
     rep_of = {m: r for r, ms in classes.items() for m in ms}
     peak, parts, at = memory_fields({m: mem[rep_of[m]] for m in plan.ranks})
+    warn_capacity(peak, hw, stacklevel=5)
     return Prediction(plan=plan, hardware=hw, steps=steps, step_time=(hi - lo) / n, step_ends=ends,
                       peak_memory=peak, memory_breakdown=parts, breakdown={m: dict(per_rep[rep_of[m]])
                                                                            for m in plan.ranks},
                       measured_fraction=_measured_fraction(plan, costs), firings=firings, sent_bytes=sent,
-                      classes=classes, window_start=lo if steps > 1 else 0.0, memory_at_us=at, pricing=pricing)
+                      classes=classes, window_start=lo if steps > 1 else 0.0, memory_at_us=at, pricing=pricing,
+                      memory_kept={m: kept[rep_of[m]] for m in plan.ranks})
 
 
 def _measured_fraction(plan: ActorPlan, costs: dict[int, list[FiringCost]]) -> float:

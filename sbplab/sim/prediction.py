@@ -53,6 +53,14 @@ class Prediction:
     window_start: float = field(default=0.0, repr=False)
     memory_at_us: dict[int, float] = field(default_factory=dict, repr=False)
     pricing: StepPricing | None = field(default=None, repr=False)  # precision, recomputation, work per step
+    memory_kept: dict[int, dict[str, int]] = field(default_factory=dict, repr=False)  # per rank, held between steps
+
+    @property
+    def memory(self) -> dict[int, RankPeak]:
+        """Per rank, the predicted peak and its categories: the same type as a run's ``RunResult.memory``,
+        and the figure ``step.memory`` shows (``sim/memory_model.py``: one memory model)."""
+        return {r: RankPeak(b, dict(self.memory_breakdown.get(r, {})), self.memory_at_us.get(r, 0.0), "simulated")
+                for r, b in self.peak_memory.items()}
 
     # --- throughput as papers report it (Megatron-LM, PaLM) ---------------------------------------------
     @property

@@ -25,7 +25,7 @@ from .engine import Firings
 from .shapes import ActorShapes, nbytes
 
 RankPeak = MemoryPeak  # the predicted peak is the same type as the measured one (``runtime.memory_peak``)
-__all__ = ["CATEGORIES", "RankPeak", "categories", "peak_memory"]
+__all__ = ["CATEGORIES", "RankPeak", "categories", "held_between_steps", "peak_memory"]
 
 
 def unheld(acts: list[Actor]) -> set[tuple[int, int]]:
@@ -44,6 +44,34 @@ def unheld(acts: list[Actor]) -> set[tuple[int, int]]:
     return out
 
 
+def held_between_steps(acts: list[Actor], shapes: dict[str, ActorShapes]) -> dict[str, int]:
+    """Bytes per category a rank keeps from one step to the next (States: parameters and optimizer state;
+    the shared gradient buffers): fixed by the plan, unlike the peak, which follows message timing."""
+    return _persistent(acts, shapes, set())[0]
+
+
+def _persistent(acts: list[Actor], shapes: dict[str, ActorShapes],
+                inner: set[tuple[int, int]]) -> tuple[dict[str, int], list[list[tuple[int, str]]]]:
+    """(bytes per category held for the whole run, per actor its registers' (bytes, category))."""
+    cats = categories(acts)
+    base = dict.fromkeys(CATEGORIES, 0)
+    rows = []
+    pools: dict[str, int] = {}
+    for i, a in enumerate(acts):
+        sizes = [nbytes(m) for m in shapes[a.name].outputs]
+        if isinstance(a, State):
+            base[cats[(a.name, 0)]] += sum(sizes)
+            sizes = []  # its register is the persistent tensor itself
+        into = getattr(a, "into", None)
+        if into is not None:  # a view of the run's buffer
+            pools[into.pool] = max(pools.get(into.pool, 0), into.end * into.dtype.itemsize)
+            sizes = []
+        rows.append([(nb, cats[(a.name, j)]) for j, nb in enumerate(sizes) if nb and (i, j) not in inner])
+    regs = {a.name: a.registers for a in acts}
+    base["gradients"] += sum(nb * regs[pool] for pool, nb in pools.items())
+    return base, rows
+
+
 def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[int, dict[str, ActorShapes]],
                 end_s: float, fused: bool = True) -> dict[int, RankPeak]:
     """Per simulated rank: the largest persistent + live register bytes over the simulated run.
@@ -51,24 +79,7 @@ def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[i
     persistent: dict[int, dict[str, int]] = {}
     out_bytes: dict[int, list[list[tuple[int, str]]]] = {}
     for r, acts in actors.items():
-        cats = categories(acts)
-        base = dict.fromkeys(CATEGORIES, 0)
-        rows = []
-        pools: dict[str, int] = {}
-        inner = unheld(acts) if fused else set()
-        for i, a in enumerate(acts):
-            sizes = [nbytes(m) for m in shapes[r][a.name].outputs]
-            if isinstance(a, State):
-                base[cats[(a.name, 0)]] += sum(sizes)
-                sizes = []  # its register is the persistent tensor itself
-            into = getattr(a, "into", None)
-            if into is not None:  # a view of the run's buffer
-                pools[into.pool] = max(pools.get(into.pool, 0), into.end * into.dtype.itemsize)
-                sizes = []
-            rows.append([(nb, cats[(a.name, j)]) for j, nb in enumerate(sizes) if nb and (i, j) not in inner])
-        regs = {a.name: a.registers for a in acts}
-        base["gradients"] += sum(nb * regs[pool] for pool, nb in pools.items())
-        persistent[r], out_bytes[r] = base, rows
+        persistent[r], out_bytes[r] = _persistent(acts, shapes[r], unheld(acts) if fused else set())
     deltas: dict[int, list[tuple[float, int, int, str]]] = {r: [] for r in actors}
     for j in range(len(firings.reg_rank)):
         r, i = firings.reg_rank[j], firings.reg_node[j]

@@ -1,8 +1,7 @@
 """Per-device memory and communication of a compiled plan, as plotly bar charts and a text table.
 
-Memory bars stack exactly the terms of ``RankMemory.peak`` (parameters, optimizer state, the
-activation peak of one micro-batch, and the forward activations of the other micro-batches a
-pipeline keeps in flight), so the top of each bar is the peak. Communication bars stack the bytes
+Memory bars stack exactly the terms of ``RankMemory.peak`` (parameters, gradients, optimizer state and
+activations at the peak, the simulator's register lifetimes), so the top of each bar is the peak. Communication bars stack the bytes
 each rank sends per step by phase and collective, counting per-micro-batch collectives once per
 micro-batch, so they add up to ``PhysicalGraph.comm_bytes_per_rank``.
 """
@@ -16,6 +15,7 @@ from .colors import category_color
 
 MEMORY_PARTS = (  # (label, colour, Okabe-Ito); their sum is RankMemory.peak
     ("parameters", "#0072b2"),
+    ("gradients", "#009e73"),
     ("optimizer state", "#cc79a7"),
     ("activation peak", "#e69f00"),
     ("micro-batches in flight", "#f0e442"),
@@ -26,7 +26,7 @@ def memory_parts(m: Any) -> dict[str, int]:
     """The stacked terms of one rank's peak memory."""
     in_flight = (m.micro_batches_in_flight - 1) * m.forward_activations
     return dict(zip([p for p, _ in MEMORY_PARTS],
-                    [m.params, m.optimizer_state, m.activations_peak, in_flight]))
+                    [m.params, m.grads, m.optimizer_state, m.activations_peak, in_flight]))
 
 
 def memory_chart(report: Any, title: str = "memory per device") -> Any:
@@ -41,9 +41,8 @@ def memory_chart(report: Any, title: str = "memory per device") -> Any:
             continue
         fig.add_trace(go.Bar(
             x=[f"rank {r}" for r in ranks], y=ys, name=part, marker_color=color,
-            customdata=[[fmt_bytes(y), fmt_bytes(report.ranks[r].grads)] for y, r in zip(ys, ranks)],
-            hovertemplate=f"{part}: %{{customdata[0]}}<br>gradients (inside the activation peak): "
-                          "%{customdata[1]}<extra>%{x}</extra>"))
+            customdata=[fmt_bytes(y) for y in ys],
+            hovertemplate=f"{part}: %{{customdata}}<extra>%{{x}}</extra>"))
     peaks = [report.ranks[r].peak for r in ranks]
     fig.update_layout(barmode="stack", title=f"{title}: peak {fmt_bytes(max(peaks, default=0))}",
                       yaxis_title="bytes", legend_title_text="held for", height=380)

@@ -1,117 +1,96 @@
-"""Per-device memory of a training step: parameters, gradients, optimizer state, activations.
+"""Per-device memory of a training step, as the compile summary shows it: a view of the one memory model.
 
-Parameters and optimizer state live for the whole run; everything else a rank computes (forward
-activations, boxed copies, backward temporaries, gradients) is allocated when its node runs and
-freed after the last node on that rank that reads it. Walking each rank's nodes in order gives
-the lifetimes and the peak. Under a pipeline, the forward activations of up to M micro-batches
-are alive at once (GPipe's schedule, all forwards then all backwards), which the report counts.
+Why a view: the simulator predicts each rank's peak from the lifetimes of the step's actor registers
+(``sim/memory_model.py``), which is what the runtime holds and measures (``RunResult.memory``); an
+estimate of its own here (the graph walked in order) disagreed with it by up to 2x. So the summary,
+``Compiled.memory``, ``sl.simulate`` and the search print one figure, in the same categories
+(parameters, gradients, optimizer state, activations), per rank.
+
+Lifetimes follow message timing, so the figure is for a machine: the one the step was compiled for
+(``sl.compile(..., hardware=)``), else the reference the boxing planner prices on
+(``sim.memory_model.reference_hardware``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...fmt import fmt_bytes
-from ...gc_pause import without_gc
-from ...layout import local_shape
-from ..deduction.deduce import Deduction
-from .graph import PhysicalGraph
-
-
-@dataclass(slots=True)
-class Lifetime:
-    """Bytes held by one node's outputs from ``start`` to ``end`` (positions in the rank's order)."""
-
-    label: str
-    start: int
-    end: int
-    bytes: int
-    phase: str
+from ...hardware import Hardware
+from ...runtime.memory_peak import MemoryPeak
 
 
 @dataclass
 class RankMemory:
+    """One rank's predicted peak and what it holds at that moment.
+
+    params, grads, optimizer_state, activations_peak: bytes per category at the peak (activations: every
+    micro-batch's activations alive then, boxing buffers, activation gradients).
+    micro_batches_in_flight, forward_activations: 1 and 0: the register lifetimes already count every
+    micro-batch whose activations are alive at the peak inside ``activations_peak`` (kept so views that
+    stack "other micro-batches in flight" on top show nothing twice).
+    at_us: when the peak happens (simulated microseconds from the start of the run).
+    kept: bytes per category the rank keeps between steps (parameters, optimizer state, gradient buffers),
+        fixed by the plan; the peak's figures also hold what is in flight then (an update's next values).
+    """
+
     rank: int
-    params: int  # bytes of parameter shards stored on this rank
-    grads: int  # bytes of the final (reduced) gradient shards
-    optimizer_state: int  # bytes of optimizer state shards
-    activations_peak: int  # peak bytes of everything computed during one micro-batch's step
-    micro_batches_in_flight: int  # GPipe: micro-batches whose forward activations coexist
-    forward_activations: int  # bytes of forward outputs one micro-batch keeps for its backward
-    lifetimes: list[Lifetime] = field(default_factory=list)
+    params: int
+    grads: int
+    optimizer_state: int
+    activations_peak: int
+    micro_batches_in_flight: int = 1
+    forward_activations: int = 0
+    at_us: float = 0.0
+    kept: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
-        extra = (self.micro_batches_in_flight - 1) * self.forward_activations
-        return self.params + self.optimizer_state + self.activations_peak + extra
+        return self.params + self.grads + self.optimizer_state + self.activations_peak
+
+    @classmethod
+    def of(cls, rank: int, m: MemoryPeak, kept: dict[str, int] | None = None) -> RankMemory:
+        b = m.breakdown
+        return cls(rank, b.get("parameters", 0), b.get("gradients", 0), b.get("optimizer state", 0),
+                   b.get("activations", 0), at_us=m.at_us, kept=dict(kept or {}))
 
 
 @dataclass
 class MemoryReport:
+    """Per rank, the predicted peak memory (``RankMemory``) and the machine it was predicted on."""
+
     ranks: dict[int, RankMemory]
+    hardware: str = ""
+
+    @classmethod
+    def of(cls, peaks: dict[int, MemoryPeak], hardware: str = "",
+           kept: dict[int, dict[str, int]] | None = None) -> MemoryReport:
+        return cls({r: RankMemory.of(r, m, (kept or {}).get(r)) for r, m in sorted(peaks.items())}, hardware)
 
     def table(self) -> str:
-        rows = [("rank", "params", "grads", "optim state", "activ. peak", "in flight", "peak")]
+        rows = [("rank", "parameters", "gradients", "optimizer state", "activations", "peak")]
         for r, m in sorted(self.ranks.items()):
-            rows.append((str(r), fmt_bytes(m.params), fmt_bytes(m.grads), fmt_bytes(m.optimizer_state), fmt_bytes(m.activations_peak),
-                         str(m.micro_batches_in_flight), fmt_bytes(m.peak)))
+            rows.append((str(r), fmt_bytes(m.params), fmt_bytes(m.grads), fmt_bytes(m.optimizer_state),
+                         fmt_bytes(m.activations_peak), fmt_bytes(m.peak)))
         w = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-        return "\n".join("  ".join(v.rjust(x) for v, x in zip(row, w)) for row in rows)
+        head = f"peak memory per rank (register lifetimes, simulated on {self.hardware})" if self.hardware else ""
+        body = "\n".join("  ".join(v.rjust(x) for v, x in zip(row, w)) for row in rows)
+        return f"{head}\n{body}" if head else body
 
 
+def compiled_memory(step: Any, hardware: Hardware | None = None) -> MemoryReport:
+    """The memory view of a Compiled step (``sim.memory_model.step_memory``) on ``hardware``."""
+    from ...sim.memory_model import memory_prediction, reference_hardware
+
+    hw = hardware if hardware is not None else reference_hardware(step.plan().device_type)
+    pred = memory_prediction(step, hw)
+    return MemoryReport.of(pred.memory, hw.name, pred.memory_kept)
 
 
-@without_gc
-def memory_report(d: Deduction, phys: PhysicalGraph) -> MemoryReport:
-    g = d.graph
-    grad_names = set(g.grads.values())
-    pipelined = d.strategy.n_stages > 1
-    out: dict[int, RankMemory] = {}
-    nodes = phys.nodes
-    read_in_backward = {ref.node for n in nodes if n.phase == "backward" for ref in n.inputs}
-    last_use: dict[int, dict[int, int]] = {r: {} for r in phys.ranks}
-    order: dict[int, list[int]] = {r: [] for r in phys.ranks}
-    for n in nodes:
-        mine = order[n.rank]
-        pos = len(mine)
-        mine.append(n.id)
-        if n.inputs:
-            last = last_use[n.rank]
-            for ref in n.inputs:
-                if nodes[ref.node].rank == n.rank:
-                    last[ref.node] = pos
-    for r in phys.ranks:
-        params = state = grads = fwd = 0
-        live, peak, lifetimes = 0, 0, []
-        frees: dict[int, int] = {}
-        ids = order[r]
-        last = last_use[r]
-        for pos, nid in enumerate(ids):
-            n = nodes[nid]
-            if n.kind == "source":
-                role = n.op
-                if role == "param":
-                    params += n.out_bytes
-                elif role == "state":
-                    state += n.out_bytes
-                continue
-            end = last.get(nid, len(ids))
-            b = n.out_bytes
-            live += b
-            if live > peak:
-                peak = live
-            frees[end] = frees.get(end, 0) + b
-            lifetimes.append(Lifetime(n.logical if n.kind == "compute" else f"box {n.logical}", pos, end, b, n.phase))
-            if n.phase == "forward" and n.when == "each" and nid in read_in_backward:
-                fwd += b
-            live -= frees.pop(pos, 0)
-        for gname in grad_names:
-            pl = d.placement[gname]
-            if r in pl:
-                m = g.tensors[gname].meta
-                k = 1
-                for s in local_shape(m.shape, pl, d.sbp[gname], r):
-                    k *= s
-                grads += k * m.dtype.itemsize
-        out[r] = RankMemory(r, params, grads, state, peak, g.micro_batches if pipelined else 1, fwd, lifetimes)
-    return MemoryReport(out)
+def memory_report(d: Any, phys: Any, hardware: Hardware | None = None) -> MemoryReport:
+    """The memory view of the step a deduction ``d`` and its physical graph ``phys`` make (``hardware``
+    None: the deduction's, else the reference machine)."""
+    from ..api import Compiled
+
+    return compiled_memory(Compiled(d.graph, d.strategy, d, phys), hardware or getattr(d, "hardware", None))
