@@ -62,6 +62,7 @@ from .ops.aten import register_rule
 from .ops.registry import Signature, UnknownOpError
 from .placement import Placement
 from .runtime import LocalCluster, PlanError, RunError, Trace
+from .runtime.communicators import CommunicatorError
 from .sbp import B, Broadcast, P, Partial, S, Split, fmt_sbp, parse_sbp
 from .search import SearchError
 from .sim import SimulationError, simulate
@@ -78,7 +79,7 @@ __all__ = [
     "BoxingPlan", "Hardware", "Machine", "MachineError", "LinkLevel", "DeviceModel", "GlobalTensor", "apply", "explain", "explain_log",
     "from_local", "plan_boxing", "set_default_hardware", "tensor", "ops",
     # errors: every error sbplab raises on purpose is an SbplabError, and every one of them is here
-    "SbplabError", "BoxingError", "ClusterError", "GraphError", "HintError", "InputError", "InputKeyError",
+    "SbplabError", "BoxingError", "ClusterError", "CommunicatorError", "GraphError", "HintError", "InputError", "InputKeyError",
     "InputTypeError", "LayoutError", "OpError", "PlanError", "RunError", "SbpError", "SearchError",
     "SignatureError", "SimulationError", "TensorParallelError", "UnknownOpError", "UnsupportedError", "UnsupportedModelError",
     # compiler
