@@ -171,8 +171,11 @@ def test_picture_blocks_partition_the_tensor(shape, mesh_shape, entries):
         return
     nd = pic.sbp
     root = svg_tree(pic)
-    held = {int(r.get("data-rank")): parse_block(r.get("data-block")) for r in rects(root, "held")}
-    assert held == {r: sl.local_block(shape, mesh, nd, r) for r in mesh.rank_list}
+    # every device's tile (past 8 devices, one tile per block for all its holders; past 16 tiles, the rest named)
+    held = {int(q): parse_block(r.get("data-block")) for r in rects(root, "held") for q in r.get("data-ranks").split(",")}
+    more = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "more-devices"]
+    assert len(held) == n or (n > 16 and len(more) == 1 and str(max(set(mesh.rank_list) - set(held))) in more[0])
+    assert held == {r: sl.local_block(shape, mesh, nd, r) for r in held}
     # the distinct cells tile each slab exactly once
     cells = [parse_block(c.get("data-block")) for c in rects(root, "cell")]
     assert len(cells) == len(set(cells))
@@ -249,3 +252,35 @@ def test_notebook_view_never_shrinks_the_picture():
     width = float(svg_tree(pic).get("width"))
     assert f"min-width:{width:.0f}px" in html and f"max-width:{width:.0f}px" in html
     assert html.count("<svg") == 1 and "w: f32[64@axis0,64@axis1]" in html
+
+
+def test_16_and_64_ranks_aggregate_devices_into_a_notebook_column():
+    """Past 8 devices, devices holding the same block share one tile labelled with their ranks, the tiles
+    wrap to half a notebook's width, and past 16 tiles the rest are named in a line: the picture fits a
+    playground column (no sideways scrolling) at 9 px text or more."""
+    mesh16 = sl.Placement("cpu", torch.arange(16).reshape(4, 4).tolist())
+    root = svg_tree(layout_picture((16, 16), mesh16, "S(0), B"))
+    tiles = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "rank-label"]
+    assert tiles == ["ranks 0-3", "ranks 4-7", "ranks 8-11", "ranks 12-15"]  # a row of the mesh holds one block
+    assert float(root.get("width")) <= 460 and min(_fonts(root)) >= 9
+    every = svg_tree(layout_picture((16, 16), mesh16, "S(0), S(1)"))  # 16 blocks: 16 tiles, 4 to a row
+    assert len(rects(every, "held")) == 16 and float(every.get("width")) <= 460
+    mesh64 = sl.Placement("cpu", torch.arange(64).reshape(8, 8).tolist())
+    big = svg_tree(layout_picture((64, 64), mesh64, "S(0), S(1)"))
+    more = [t.text for t in big.iter(f"{NS}text") if t.get("class") == "more-devices"]
+    assert len(rects(big, "held")) == 16 and more == ["ranks 16-63: a block each, drawn in the tensor above"]
+    assert float(big.get("width")) <= 520 and min(_fonts(big)) >= 9
+    four = svg_tree(layout_picture((8, 6), sl.Placement("cpu", [[0, 1], [2, 3]]), "S(0), B"))  # few: the mesh grid
+    assert [t.text for t in four.iter(f"{NS}text") if t.get("class") == "rank-label"][0] == "rank 0 (0,0)"
+
+
+def test_the_picture_takes_the_themes_colours_with_light_fallbacks():
+    """In JupyterLab the page, tiles and text follow the theme's variables (no white card in the dark
+    theme); a saved .svg file falls back to the light colours. Labels on a rank's colour stay black."""
+    root = svg_tree(layout_picture((8, 6), sl.Placement("cpu", [[0, 1], [2, 3]]), "S(0), B"))
+    page = rects(root, "page")[0]
+    assert page.get("fill") == "#fff" and "var(--jp-layout-color0" in page.get("style")
+    assert all("var(--jp-layout-color1" in t.get("style") for t in rects(root, "tile"))
+    texts = list(root.iter(f"{NS}text"))
+    themed = [t for t in texts if "var(--jp-content-font-color1" in (t.get("style") or "")]
+    assert len(themed) == len([t for t in texts if t.get("class") != "chip-label"]) > 10

@@ -12,7 +12,8 @@ from .layout_picture import LayoutPicture
 MIN_FONT = 9  # no text smaller than this (px); a big mesh makes the picture bigger instead
 CHAR_W = 0.62  # monospace advance per font px
 MAX_GROWTH = 6.0  # the tensor plane grows at most this much to fit its labels
-MESH_LIST_MAX = 16  # ranks written out in the subtitle; bigger meshes are summarised
+MESH_LIST_MAX = 8  # ranks written out in the subtitle; bigger meshes are summarised (16 would be wider
+# than a notebook column)
 
 
 def plane_size(rows: int, cols: int, side: float) -> tuple[float, float]:

@@ -6,6 +6,10 @@ copies). Bottom: the device mesh, one tile per rank, showing the outline of the 
 rank's block filled in, its local type written underneath. Partial values are striped. Sizes are
 proportional, so uneven splits are visible. Elements carry ``class`` and ``data-*`` attributes so
 tests and browsers can read the picture back.
+
+The page behind, the tiles and the text take the notebook theme's colours (CSS variables, with the
+light colours as fallbacks: a saved .svg file or an image viewer shows the light picture), so the dark
+theme shows no white card; the ranks' colours and the labels on them are the same in both themes.
 """
 
 from __future__ import annotations
@@ -28,9 +32,16 @@ from .layout_labels import (
 from .layout_picture import DeviceBlock, LayoutPicture, fmt_range, partial_word
 
 FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
-HALO = "paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round"
+PAGE = "var(--jp-layout-color0, var(--vscode-editor-background, #fff))"  # what the picture sits on
+PANEL = "var(--jp-layout-color1, #fafafa)"  # a device's tile
+EMPTY = "var(--jp-layout-color2, #eee)"  # the part of the tensor a device does not hold
+INK = "var(--jp-content-font-color1, var(--vscode-editor-foreground, #222))"
+HALO = f"paint-order:stroke;stroke:{PAGE};stroke-width:3px;stroke-linejoin:round"
 PAD = 10
 WRAP_1D = 8  # tiles per row for a 1-D mesh
+AGGREGATE_FROM = 8  # more devices than this: devices holding the same block share one tile ("ranks 0-3")
+DEVICES_W = 440.0  # past AGGREGATE_FROM devices, the tiles wrap to this width (half a notebook's width)
+MAX_TILES = 16  # tiles drawn at most; the rest are named in one line (the tensor view shows their blocks)
 WRAP_SLABS = 4  # slab panels per row
 
 
@@ -47,9 +58,10 @@ class _Svg:
         self.w, self.h = max(self.w, right), max(self.h, bottom)
 
     def text(self, x: float, y: float, s: str, size: int = 11, cls: str = "label", anchor: str = "start",
-             weight: str = "normal", halo: bool = False) -> None:
+             weight: str = "normal", halo: bool = False, ink: bool = True) -> None:
+        """ink: the theme's text colour (on the page, a tile, or a halo); else black (on a rank's colour)."""
         size = max(size, MIN_FONT)
-        style = FONT + (";" + HALO if halo else "")
+        style = FONT + (f";fill:{INK}" if ink else "") + (";" + HALO if halo else "")
         self.add(f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
                  f'font-weight="{weight}" style="{style}">{escape(s)}</text>',
                  x + (len(s) * size * 0.62 if anchor == "start" else len(s) * size * 0.31), y + 4)
@@ -135,7 +147,7 @@ def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, 
         for ri, r in enumerate(g):
             svg.add(f'<rect class="chip" data-rank="{r}" x="{cx:.1f}" y="{cy:.1f}" width="{cw:.1f}" '
                     f'height="14" rx="3" fill="{device_color(r)}" stroke="#333" stroke-width="0.6"/>')
-            svg.text(cx + cw / 2, cy + 11, str(r), size=10, cls="chip-label", anchor="middle")
+            svg.text(cx + cw / 2, cy + 11, str(r), size=10, cls="chip-label", anchor="middle", ink=False)
             cx += cw
             last = gi == len(groups) - 1 and ri == len(g) - 1
             if not last:
@@ -160,6 +172,42 @@ def _tile_positions(pic: LayoutPicture) -> dict[int, tuple[int, int, int]]:
     return out
 
 
+def _rank_list(ranks: list[int]) -> str:
+    """``0-3, 8-11``: runs of consecutive ranks shortened."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{a[0]}-{a[-1]}" if len(a) > 2 else ", ".join(map(str, a)) for a in runs)
+
+
+def _aggregated(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float, pw: float, ph: float, tw: float,
+                th: float) -> float:
+    """Many devices: one tile per distinct block (its holders listed), wrapped to ``DEVICES_W``, at most
+    ``MAX_TILES`` tiles, so 16 or 64 ranks aggregate instead of spreading past a notebook column."""
+    classes: dict[tuple, list[DeviceBlock]] = {}
+    for b in sorted(pic.blocks, key=lambda b: b.rank):
+        classes.setdefault((b.block, b.partial_axes), []).append(b)
+    tiles = list(classes.values())
+    per_row = max(1, min(len(tiles), int(DEVICES_W // tw)))
+    bottom = top
+    for i, members in enumerate(tiles[:MAX_TILES]):
+        x, y = PAD + (i % per_row) * tw, top + (i // per_row) * th
+        ranks = [m.rank for m in members]
+        name = f"rank {ranks[0]} ({','.join(map(str, members[0].coords))})" if len(ranks) == 1 else \
+            f"ranks {_rank_list(ranks)}"
+        _tile(svg, pic, pic_id, members[0], x, y, pw, ph, tw, name=name, ranks=ranks)
+        bottom = max(bottom, y + th)
+    rest = [m.rank for members in tiles[MAX_TILES:] for m in members]
+    if rest:
+        svg.text(PAD, bottom + 10, f"ranks {_rank_list(rest)}: a block each, drawn in the tensor above",
+                 size=10, cls="more-devices")
+        bottom += 16
+    return bottom + 4
+
+
 def _device_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> float:
     r_dim, c_dim = pic.plane_dims
     rows = pic.shape[r_dim] if r_dim is not None else 1
@@ -170,8 +218,11 @@ def _device_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
     axes = "  ".join(f"{pl.axis_label(a)}: {x!r}" for a, x in enumerate(pic.sbp))
     how = {1: "", 2: f"  (rows = {pl.axis_label(0)}, cols = {pl.axis_label(1)})"}.get(
         pl.ndim, f"  (groups = {', '.join(pl.axis_label(a) for a in range(pl.ndim - 2))})")
-    svg.text(PAD, top + 12, f"devices: {axes}{how}", cls="section", weight="bold")
+    many = len(pic.blocks) > AGGREGATE_FROM
+    svg.text(PAD, top + 12, f"devices: {axes}" + ("" if many else how), cls="section", weight="bold")
     top += 22
+    if many:
+        return _aggregated(svg, pic, pic_id, top, pw, ph, tw, th)
     pos = _tile_positions(pic)
     n_cols = max(p[2] for p in pos.values()) + 1
     group_w = n_cols * tw + 18
@@ -189,23 +240,26 @@ def _device_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
 
 
 def _tile(svg: _Svg, pic: LayoutPicture, pic_id: str, b: DeviceBlock, x: float, y: float,
-          pw: float, ph: float, tw: float) -> None:
+          pw: float, ph: float, tw: float, name: str | None = None, ranks: list[int] | None = None) -> None:
+    """One device's tile (or, ``name``d with its ``ranks``, the tile of several holding the same block)."""
     r_dim, c_dim = pic.plane_dims
     partial = bool(b.partial_axes)
     coords = ",".join(map(str, b.coords))
     shape = ",".join(map(str, b.local_shape))
-    svg.add(f'<g class="device" data-rank="{b.rank}" data-coords="{coords}" data-local-shape="{shape}">')
+    held = ",".join(map(str, ranks or [b.rank]))
+    svg.add(f'<g class="device" data-rank="{b.rank}" data-ranks="{held}" data-coords="{coords}" '
+            f'data-local-shape="{shape}">')
     svg.add(f'<rect class="tile" x="{x:.1f}" y="{y:.1f}" width="{tw - 6:.1f}" height="{ph + 52:.1f}" '
-            f'rx="4" fill="#fafafa" stroke="{device_color(b.rank)}" stroke-width="1.5"/>')
-    svg.text(x + 5, y + 12, f"rank {b.rank} ({coords})", size=10, cls="rank-label", weight="bold")
+            f'rx="4" fill="#fafafa" style="fill:{PANEL}" stroke="{device_color(b.rank)}" stroke-width="1.5"/>')
+    svg.text(x + 5, y + 12, name or f"rank {b.rank} ({coords})", size=10, cls="rank-label", weight="bold")
     px, py = x + 5, y + 18
     svg.add(f'<rect class="outline" x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" '
-            f'fill="#eee" stroke="#999" stroke-width="0.8"/>')
+            f'fill="#eee" style="fill:{EMPTY}" stroke="#999" stroke-width="0.8"/>')
     xmap, ymap = _axis_map(pic, c_dim, px, pw), _axis_map(pic, r_dim, py, ph)
     (r0, r1), (c0, c1) = block_ranges(pic, b.block, r_dim), block_ranges(pic, b.block, c_dim)
     cls = "held partial" if partial else "held"
     rng = ",".join(f"{s}:{e}" for s, e in b.block)
-    svg.add(f'<rect class="{cls}" data-rank="{b.rank}" data-block="{rng}" x="{xmap(c0):.1f}" '
+    svg.add(f'<rect class="{cls}" data-rank="{b.rank}" data-ranks="{held}" data-block="{rng}" x="{xmap(c0):.1f}" '
             f'y="{ymap(r0):.1f}" width="{xmap(c1) - xmap(c0):.1f}" height="{ymap(r1) - ymap(r0):.1f}" '
             f'fill="{_fill(pic_id, b.rank, partial)}" fill-opacity="0.85" stroke="#333" stroke-width="0.8"/>',
             x + tw, y + ph + 52)
@@ -249,5 +303,6 @@ def layout_svg(pic: LayoutPicture) -> str:
     w, h = svg.w + PAD, y + PAD
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="sbplab-layout" width="{w:.0f}" '
             f'height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}">'
-            f'<defs>{"".join(defs)}</defs><rect width="100%" height="100%" fill="#fff"/>'
+            f'<defs>{"".join(defs)}</defs><rect class="page" width="100%" height="100%" fill="#fff" '
+            f'style="fill:{PAGE}"/>'
             + "".join(svg.parts) + "</svg>")

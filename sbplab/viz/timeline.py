@@ -11,8 +11,8 @@ path is outlined; a memory track per rank follows the lanes when the run measure
 reads the op and the tensor it moves, the SBPs before and after, bytes, group and duration (tensor,
 module and SBPs need the compiled step: ``compiled=``). ``step=`` draws one training step by the step
 its firings belong to, so prefetched collectives stay. ``timeline(a, b)`` stacks two traces on one time
-scale: a prediction over a measured run, say. The RunPanel shows this same figure. plotly is imported
-only when a figure is built.
+scale: a prediction over a measured run, say. The RunPanel shows this same figure, and both follow the
+notebook's light or dark theme (``plotly_theme``). plotly is imported only when a figure is built.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import InputError, InputTypeError
 from ..fmt import fmt_bytes
 from .colors import device_color
+from .plotly_theme import TRANSPARENT, figure_class
 from .timeline_bars import (
     KINDS,
     Bar,
@@ -72,9 +73,11 @@ def _layout(fig: Any, lanes: float, title: str) -> None:
         title=title, barmode="overlay", height=170 + PX_PER_LANE * max(1.0, lanes),
         uniformtext=dict(minsize=9, mode="hide"), legend_title_text="what ran",
         legend=dict(yanchor="top", y=1.0, xanchor="left", x=1.01, traceorder="normal"),
-        hoverlabel=dict(align="left"), margin=dict(t=70, l=130), plot_bgcolor="white",
+        hoverlabel=dict(align="left"), margin=dict(t=70, l=130), plot_bgcolor=TRANSPARENT,
+        paper_bgcolor=TRANSPARENT,  # the page's own background, light or dark (plotly_theme)
     )
-    fig.update_xaxes(showgrid=True, gridcolor="rgba(0,0,0,0.08)", zeroline=False)
+    fig.update_xaxes(showgrid=True, gridcolor="rgba(128,128,128,0.25)", zeroline=False)
+    fig.update_yaxes(gridcolor="rgba(128,128,128,0.25)")
 
 
 def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: int | None = None,
@@ -100,7 +103,6 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
     if other is not None:
         return compare_timelines(trace, other, labels=labels, arrange=arrange, align_start=align_start,
                                  step=step, ranks=ranks, compiled=compiled, title=title)
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     bars = _prepare(trace, step, ranks)
@@ -110,10 +112,10 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
     lane_h = max(1.0, Lanes.of(bars).total)
     if tracks:
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                            row_heights=[lane_h, max(1.5, lane_h * MEMORY_ROW)])
+                            row_heights=[lane_h, max(1.5, lane_h * MEMORY_ROW)], figure=figure_class()())
         marks = Marks((1, 1), set())
     else:
-        fig, marks = go.Figure(), Marks(None, set())
+        fig, marks = figure_class()(), Marks(None, set())
     lanes = add_firings(fig, bars, t0, marks, lookup, Series(axis_names),
                         on_critical_path(bars, critical_keys(trace)))
     axis = {"row": 1, "col": 1} if tracks else {}
@@ -212,10 +214,11 @@ def compare_timelines(a: Any, b: Any, labels: Sequence[str] | None = None, arran
     titles = [f"{lab}: {fmt_us(s)}" for lab, s in zip(labels, spans)]
     heights = [max(1.0, Lanes.of(x).total) for x in all_bars]
     if arrange == "stacked":
-        fig = make_subplots(rows=2, cols=1, subplot_titles=titles, vertical_spacing=0.14, row_heights=heights)
+        fig = make_subplots(rows=2, cols=1, subplot_titles=titles, vertical_spacing=0.14, row_heights=heights,
+                            figure=figure_class()())
         where = [(1, 1), (2, 1)]
     else:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.14)
+        fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.14, figure=figure_class()())
         where = [(1, 1), (1, 2)]
     lookup, axis_names = _lookup(compiled)
     series, shown = Series(axis_names), set()

@@ -24,6 +24,7 @@ import traitlets as t
 from ..compiler.api import Compiled
 from ..hardware import Hardware
 from ..sim import Prediction
+from ..viz.plotly_theme import themed_widget
 from ..viz.timeline import makespan_us, timeline, timeline_bars
 from . import static_view as static
 from ._assets import widget_module, widget_style
@@ -287,11 +288,9 @@ class RunPanel(SbplabWidget):
     def _show_timeline(self, c: Compiled) -> None:
         """The run's timeline, drawn in the page as the very figure ``sl.timeline`` gives a notebook (a
         plotly FigureWidget shown inside the panel): one renderer, with its legend, zoom, hover, links,
-        step markers and memory track."""
-        import plotly.graph_objects as go
-
+        step markers and memory track, on the page's light or dark theme."""
         fig = self.timeline_figure(c)
-        old, self.timeline_widget = self.timeline_widget, go.FigureWidget(fig)
+        old, self.timeline_widget = self.timeline_widget, themed_widget(fig)
         self.timeline_ref = f"anywidget:{self.timeline_widget.model_id}"
         if old is not None:
             old.close()
