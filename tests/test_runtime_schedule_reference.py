@@ -24,16 +24,15 @@ from sbplab.runtime.schedule import derive_comm_order
 
 def _reference_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
     micro = plan.micro_batches
-    graphs = {r: FiringGraph(rp.actors, micro, steps) for r, rp in plan.ranks.items()}
+    graphs = {r: FiringGraph(rp.actors, micro, steps, rp.schedule) for r, rp in plan.ranks.items()}
     members = {}
     for r, rp in plan.ranks.items():
         for a in rp.comm_actors:
             ch = channel_of(r, a)
             members[ch] = a.group if ch[0] == "group" else ch[1:]
 
-    def priority(g: FiringGraph, i: int) -> tuple:
-        node = g.nodes[i]
-        return (g.micro_of(node, node.started), getattr(node.actor, "order", 0), i)
+    def priority(g: FiringGraph, i: int) -> tuple:  # the firing rule's key (step, micro-batch, order, index)
+        return g.priority(i)
 
     waiting: dict = {}
     events: list = []

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..gc_pause import gc_paused
+from .pipeline_order import RankSchedule
 from .specs import Actor, Collective, PlanError, Recv, Send, describe
 
 _MATCH_FIELDS = ("kind_", "group", "reduce_op", "dim", "cat_dim", "sizes", "cat_sizes", "src", "scope")
@@ -55,10 +56,12 @@ def match_key(rank: int, a: Actor, micro: int) -> tuple:
 
 @dataclass
 class RankPlan:
-    """The actors of one rank, in any order (declaration order breaks ties when several are ready)."""
+    """The actors of one rank, in any order (declaration order breaks ties when several are ready);
+    in a pipeline, ``schedule`` orders its micro-batch compute (``pipeline_order.py``)."""
 
     rank: int
     actors: list[Actor] = field(default_factory=list)
+    schedule: RankSchedule | None = None
 
     def __post_init__(self) -> None:
         self.actors = list(self.actors)
@@ -256,6 +259,8 @@ class ActorPlan:
         return "\n".join([head] + [rp.dump() for rp in self.ranks.values()] + [order])
 
     @staticmethod
-    def build(world_size: int, actors: Mapping[int, Sequence[Actor]], **kw) -> ActorPlan:
+    def build(world_size: int, actors: Mapping[int, Sequence[Actor]],
+              schedules: Mapping[int, RankSchedule] | None = None, **kw) -> ActorPlan:
         with gc_paused():
-            return ActorPlan(world_size, {r: RankPlan(r, list(a)) for r, a in actors.items()}, **kw)
+            return ActorPlan(world_size, {r: RankPlan(r, list(a), (schedules or {}).get(r))
+                                          for r, a in actors.items()}, **kw)

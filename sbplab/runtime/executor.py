@@ -1,7 +1,7 @@
 """One rank's run: fire actors by the firing rule, comm in the plan's order, and record every firing.
 
-The scheduler thread is the compute lane: it runs ready compute firings inline (oldest step and
-micro-batch first), posts communication on the comm lane strictly in this rank's ``comm_order``,
+The scheduler thread is the compute lane: it runs ready compute firings inline (by the firing rule's
+priority, oldest step and micro-batch first; in a pipeline in the rank's schedule order), posts communication on the comm lane strictly in this rank's ``comm_order``,
 and applies completions, which it collects itself (see ``lanes.CommLane``): when it has nothing
 to compute it waits on the oldest communication in flight, so a message that arrives wakes the
 thread that needs it and no other. Outputs live in registers until every consumer has acked them.
@@ -98,7 +98,7 @@ class Executor:
         else:
             self.actors, self.origin = list(rp.actors), [[i] for i in range(len(rp.actors))]
         actors = self.actors
-        self.graph = FiringGraph(actors, spec.micro_batches, spec.steps)
+        self.graph = FiringGraph(actors, spec.micro_batches, spec.steps, rp.schedule)
         self.pools = _pools(rp.actors, device)
         if resume is not None:
             missing = [a.name for a in actors if isinstance(a, State) and a.key and a.name not in resume]
@@ -232,17 +232,15 @@ class Executor:
 
     def _loop(self) -> None:
         g, spec, lane = self.graph, self.spec, self.lane
-        ready: list[tuple[int, int, int]] = []  # (step, micro, actor): oldest step and micro-batch first
+        ready: list[tuple[int, int, int, int]] = []  # ``FiringGraph.priority``: oldest step and micro-batch first
         queued = set()
-        # per actor: 0 runs on the comm lane (posted in order below), 1 per micro-batch, 2 per step
-        lane_of = [0 if n.actor.lane == "comm" else 1 if n.actor.scope == "micro" else 2 for n in g.nodes]
-        M, nodes, can_fire, push = g.micro, g.nodes, g.can_fire, heapq.heappush
+        compute = [n.actor.lane != "comm" for n in g.nodes]  # the comm lane's firings are posted in order below
+        nodes, can_fire, push, priority = g.nodes, g.can_fire, heapq.heappush, g.priority
 
         def consider(i: int) -> None:
-            if i in queued or not lane_of[i] or not can_fire(i):
+            if i in queued or not compute[i] or not can_fire(i):
                 return
-            k = nodes[i].started
-            push(ready, (k // M, k % M, i) if lane_of[i] == 1 else (k, -1, i))
+            push(ready, priority(i))
             queued.add(i)
 
         for i in range(len(g.nodes)):
@@ -270,7 +268,7 @@ class Executor:
                 for c in done:
                     self._complete(c, consider)
             elif ready:
-                _, _, i = heapq.heappop(ready)
+                i = heapq.heappop(ready)[-1]
                 queued.discard(i)
                 for t in self._fire_compute(i):
                     consider(t)

@@ -9,7 +9,14 @@ Each actor fires ``total`` times per run, in order. Firing ``k`` may start when
   where ``released`` counts the outputs every consumer has acked (acks arrive in order per consumer,
   so releases are in order too);
 - if it writes output o into a shared buffer (``into``, see ``buffers.py``), the buffer's guard has
-  released output o - registers of the guard, the last one that used the same buffer.
+  released output o - registers of the guard, the last one that used the same buffer;
+- in a pipeline, if it is a micro-batch forward or backward compute firing, every action before its
+  own in the rank's schedule has finished (``pipeline_order.py``): the schedule, not the timing,
+  orders a stage's compute.
+
+Among the compute firings that may start, a rank's one compute lane takes the lowest ``priority``:
+oldest step, then micro-batch, then the actor's ``order``, then its position. The executor, the
+simulator and the derivation of the communication order all use this rule and this key.
 
 Finishing a firing produces its output (in order, even if comm firings complete out of order) and
 acks the registers it read. The counters never decrease, so whether an actor can fire only ever
@@ -21,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .specs import Accumulate, Actor, State
+from .pipeline_order import RankSchedule
+from .specs import Accumulate, Actor, PlanError, State
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +56,7 @@ class Node:
     regs: int = 1
     guard: Node | None = None  # the actor whose released registers free the buffer this one writes into
     guarded: list[int] = field(default_factory=list)  # actors writing into buffers this one guards
+    apos: list[int] | None = None  # pipeline: per micro-batch, the place of its action in the rank's schedule
 
 
 SAME, PER_STEP, LAG = 0, 1, 2
@@ -58,7 +67,7 @@ REG_NONE, REG_FIRING, REG_STEP, REG_STATE = 0, 1, 2, 3  # no output; register k;
 class FiringGraph:
     """Counters for every actor of one rank over ``steps`` steps of ``micro`` micro-batches."""
 
-    def __init__(self, actors: list[Actor], micro: int, steps: int) -> None:
+    def __init__(self, actors: list[Actor], micro: int, steps: int, schedule: RankSchedule | None = None) -> None:
         self.micro, self.steps = micro, steps
         self.names = names = {a.name: i for i, a in enumerate(actors)}
         self.nodes: list[Node] = []
@@ -103,6 +112,52 @@ class FiringGraph:
                 node.guard = nodes[names[into.pool]]
                 node.guard.guarded.append(node.index)
         self.unfinished = sum(1 for n in nodes if n.done_upto < n.total)  # kept by ``finish``
+        self.orders = [getattr(a, "order", 0) for a in actors]
+        self._gate(schedule)
+
+    def _gate(self, schedule: RankSchedule | None) -> None:
+        """The pipeline rule's counters: ``left[p]`` firings of action p (over every step) still to
+        finish, ``frontier`` the first action not finished; ``gated`` the nodes it holds back."""
+        self.gated: list[int] = []
+        self.frontier, self.left, self.n_actions = 0, [], 0
+        if schedule is None or not schedule.actions:
+            return
+        where = schedule.position()
+        L = self.n_actions = len(schedule.actions)
+        count = [0] * L
+        for node in self.nodes:
+            key = schedule.action_key(node.actor)
+            if key is None:
+                continue
+            pos = [where.get((key[0], key[1], m)) for m in range(self.micro)]
+            if any(p is None for p in pos):
+                missing = [m for m, p in enumerate(pos) if p is None]
+                raise PlanError(f"actor {node.actor.name!r} is a {key[0]} of stage {key[1]}, but the {schedule.name} "
+                                 f"schedule of its rank has no such action for micro-batch(es) {missing}")
+            node.apos = pos  # type: ignore[assignment]
+            self.gated.append(node.index)
+            for p in pos:
+                count[p] += 1  # type: ignore[index]
+        self.left = count * self.steps
+        self._advance()
+
+    def _advance(self) -> bool:
+        """Move the frontier past finished actions; True if it moved."""
+        f, left = self.frontier, self.left
+        while f < len(left) and left[f] == 0:
+            f += 1
+        moved = f != self.frontier
+        self.frontier = f
+        return moved
+
+    def priority(self, i: int) -> tuple[int, int, int, int]:
+        """The key a rank's compute lane takes its next firing by (lowest first) for actor i's next
+        firing: its step, its micro-batch (-1 for a step actor), the actor's ``order``, its index."""
+        node = self.nodes[i]
+        k = node.started
+        if node.actor.scope == "micro":
+            return k // self.micro, k % self.micro, self.orders[i], i
+        return k, -1, self.orders[i], i
 
     # --- what firing k reads and writes ----------------------------------------------------------
     def out_number(self, node: Node, k: int) -> int | None:
@@ -139,6 +194,9 @@ class FiringGraph:
         k = node.started
         if k >= node.total:
             return False
+        ap = node.apos
+        if ap is not None and (k // self.micro) * self.n_actions + ap[k % self.micro] > self.frontier:
+            return False
         for prod, mode in node.deps:
             if mode == SAME:
                 if prod.produced <= k:
@@ -163,6 +221,9 @@ class FiringGraph:
         k = node.started
         if k >= node.total:
             return "finished"
+        ap = node.apos
+        if ap is not None and (k // self.micro) * self.n_actions + ap[k % self.micro] > self.frontier:
+            return f"its turn in the pipeline schedule (action #{self.frontier % self.n_actions} of the step runs first)"
         for p, j, mode in node.inputs:
             o = self.in_number(mode, k)
             if o is not None and self.nodes[p].produced <= o:
@@ -197,6 +258,11 @@ class FiringGraph:
             node.done_upto += 1
             if node.done_upto == node.total:
                 self.unfinished -= 1
+            if node.apos is not None:  # one firing of its action done: the schedule may move on
+                p = (kk // micro) * self.n_actions + node.apos[kk % micro]
+                self.left[p] -= 1
+                if self._advance():
+                    touched.extend(self.gated)
             reg = node.reg  # ``out_number``, inlined
             if reg == REG_FIRING:
                 o: int | None = kk

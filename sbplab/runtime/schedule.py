@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
     """Simulate every rank tick by tick and return the order communication was issued in.
 
-    Ties go by priority (micro-batch of the firing, the actor's ``order``, its index on its rank):
-    each rank's compute lane fires its lowest ready priority, and communication that became complete
-    in the same tick is issued lowest priority (then match key) first. Where every rank runs the
+    Ties go by the firing rule's priority (``FiringGraph.priority``: step, micro-batch, the actor's
+    ``order``, its index on its rank): each rank's compute lane fires its lowest ready priority (in a
+    pipeline, within what the rank's schedule allows), and communication that became complete in the
+    same tick is issued lowest priority (then match key) first. Where every rank runs the
     same actors (``schedule_uniform``), one rank is simulated and the same order rebuilt from it.
     """
     rep = uniform_rank(plan)
@@ -42,7 +43,7 @@ def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
 
 def derive_all(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
     """``derive_comm_order`` by simulating every rank (and the deadlock report where it is stuck)."""
-    graphs = {r: FiringGraph(rp.actors, plan.micro_batches, steps) for r, rp in plan.ranks.items()}
+    graphs = {r: FiringGraph(rp.actors, plan.micro_batches, steps, rp.schedule) for r, rp in plan.ranks.items()}
     try:
         return _simulate(plan, graphs)
     finally:
@@ -60,18 +61,16 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
         for a in rp.comm_actors:
             ch = channel_of(r, a)
             members[ch] = a.group if ch[0] == "group" else ch[1:]  # type: ignore[attr-defined]
-    # per rank and actor, what the loop asks again and again: lane, scope, order, and for communication
+    # per rank and actor, what the loop asks again and again: lane, scope, and for communication
     # its match key without the micro-batch and how many members its channel has
     comm: dict[int, list[bool]] = {}
     per_micro: dict[int, list[bool]] = {}
-    order_of: dict[int, list[int]] = {}
     key_head: dict[int, list[tuple | None]] = {}
     size: dict[int, list[int]] = {}
     for r, g in graphs.items():
         acts = [n.actor for n in g.nodes]
         comm[r] = [a.lane == "comm" for a in acts]
         per_micro[r] = [a.scope == "micro" for a in acts]
-        order_of[r] = [getattr(a, "order", 0) for a in acts]
         key_head[r] = [match_key(r, a, 0)[:-1] if c else None for a, c in zip(acts, comm[r])]
         size[r] = [len(members[channel_of(r, a)]) if c else 0 for a, c in zip(acts, comm[r])]
     waiting: dict[tuple, dict[int, tuple[int, int]]] = {}  # match key -> {rank: (node, k)} ready there
@@ -91,7 +90,7 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
             d = dirty[r]
             if not d:
                 continue
-            nodes, can_fire, is_comm, q, post = g.nodes, g.can_fire, comm[r], queued[r], posted[r]
+            nodes, can_fire, is_comm, q, post, prio = g.nodes, g.can_fire, comm[r], queued[r], posted[r], g.priority
             for i in sorted(d):
                 n = nodes[i]
                 k = n.started
@@ -100,7 +99,7 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
                 if not is_comm[i]:
                     if not q[i] and can_fire(i):  # its priority holds until it starts
                         q[i] = True
-                        heapq.heappush(ready[r], ((k % micro if per_micro[r][i] else -1, order_of[r][i], i), i))
+                        heapq.heappush(ready[r], (prio(i), i))
                     continue
                 if post[i] == k or not can_fire(i):
                     continue
@@ -110,7 +109,7 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
                 parts = waiting.setdefault(key, {})
                 parts[r] = (i, k)
                 if len(parts) == size[r][i]:
-                    complete.append(((m, order_of[r][i], i), key))
+                    complete.append((prio(i), key))
             d.clear()
         for _, key in sorted(complete):  # every member issues it now, so channels stay in step
             for r, (i, k) in sorted(waiting.pop(key).items()):
@@ -162,7 +161,7 @@ def check_comm_order(plan: ActorPlan) -> None:
     a communication completes once all its members posted it. The firing rule is monotone, so the
     state where this gets stuck is the same under every timing: one replay decides.
     """
-    graphs = {r: FiringGraph(rp.actors, plan.micro_batches, 1) for r, rp in plan.ranks.items()}
+    graphs = {r: FiringGraph(rp.actors, plan.micro_batches, 1, rp.schedule) for r, rp in plan.ranks.items()}
     try:
         _replay(plan, graphs)
     finally:

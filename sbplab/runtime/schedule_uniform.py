@@ -81,7 +81,7 @@ def uniform_rank(plan: ActorPlan) -> int | None:
 def derive_from_one(plan: ActorPlan, rep: int, steps: int = 1) -> tuple[CommSlot, ...] | None:
     """``derive_comm_order`` of a plan ``uniform_rank`` accepted, simulating rank ``rep`` alone;
     None if the simulation gets stuck."""
-    g = FiringGraph(plan.ranks[rep].actors, plan.micro_batches, steps)
+    g = FiringGraph(plan.ranks[rep].actors, plan.micro_batches, steps, plan.ranks[rep].schedule)
     try:
         return _simulate_one(plan, g)
     finally:
@@ -96,7 +96,6 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
     acts = [n.actor for n in nodes]
     comm = [a.lane == "comm" for a in acts]
     per_micro = [a.scope == "micro" for a in acts]
-    order_of = [getattr(a, "order", 0) for a in acts]  # for compute; a collective's comes with its name
     busy = [rp for rp in plan.ranks.values() if rp.actors]
     # per position of a collective: (order, name, members in rank order) of every rank's collective there
     held: dict[int, list[tuple[int, str, tuple[int, ...]]]] = {}
@@ -118,7 +117,7 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
             if not comm[i]:
                 if not queued[i] and can_fire(i):
                     queued[i] = True
-                    heapq.heappush(ready, ((k % micro if per_micro[i] else -1, order_of[i], i), i))
+                    heapq.heappush(ready, (g.priority(i), i))
                 continue
             if can_fire(i):  # every member posts it now too, so it completes now
                 posts.append((i, k))
@@ -130,7 +129,7 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
             dirty.add(i)
             m = k % micro if per_micro[i] else -1
             if (k // micro == 0) if per_micro[i] else (k == 0):
-                written.extend(((((m, o, i), ("coll", name, m)), name, members) for o, name, members in held[i]))
+                written.extend(((((0, m, o, i), ("coll", name, m)), name, members) for o, name, members in held[i]))
             events.append((i, k))
         for (_, (_, name, m)), _, members in sorted(written):
             order.extend([CommSlot(r, name, m) for r in members])

@@ -1,8 +1,8 @@
 """The discrete-event loop: every rank's actors under the runtime's own firing rule, on simulated time.
 
 What is the same as a real run (``runtime/executor.py``): the FiringGraph counters (inputs ready, a
-register free), the registers and micro-batches, one compute lane per rank that picks the ready
-firing of the oldest step and micro-batch, and communication posted strictly in the plan's
+register free, in a pipeline the rank's schedule), the registers and micro-batches, one compute lane
+per rank that picks the ready firing of lowest ``FiringGraph.priority`` (oldest step and micro-batch), and communication posted strictly in the plan's
 ``comm_order`` as soon as its inputs and a register allow. What is modelled: a communication
 starts when every member has posted it and every member's comm lane is free (transfers of one rank
 go one after another, in the order they became possible), and takes the boxing kind's duration;
@@ -88,7 +88,7 @@ class Engine:
         self.classes = classes
         M = plan.micro_batches
         self.reps = sorted(classes)
-        self.graphs = {r: FiringGraph(plan.ranks[r].actors, M, steps) for r in self.reps}
+        self.graphs = {r: FiringGraph(plan.ranks[r].actors, M, steps, plan.ranks[r].schedule) for r in self.reps}
         rep_of = {m: r for r, ms in classes.items() for m in ms}
         # communication as (rep, actor index) pairs: which posts each one waits for, and the reverse
         self.needs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
@@ -115,7 +115,7 @@ class Engine:
                            array("i"), array("i"), array("i"), array(f), array(f))
 
     def run(self) -> Firings:  # noqa: C901 - one loop, kept in one place for speed (locals, no attribute look-ups)
-        plan, steps, M = self.plan, self.steps, self.plan.micro_batches
+        plan, steps = self.plan, self.steps
         graphs, work, out = self.graphs, self.work, self.out
         o_rank, o_node, o_k, o_lane = out.rank.append, out.node.append, out.k.append, out.lane.append
         o_start, o_xfer, o_end, o_cause = out.start.append, out.xfer, out.end, out.cause
@@ -132,7 +132,6 @@ class Engine:
         ready: dict[int, list] = {r: [] for r in self.reps}
         queued = {r: [False] * len(g.nodes) for r, g in graphs.items()}
         is_compute = {r: [n.actor.lane != "comm" for n in g.nodes] for r, g in graphs.items()}
-        micro_scope = {r: [n.actor.scope == "micro" for n in g.nodes] for r, g in graphs.items()}
         busy = {r: False for r in self.reps}
         cpos = {r: 0 for r in self.reps}
         cstep = {r: 0 for r in self.reps}
@@ -263,7 +262,7 @@ class Engine:
                     cpos[r], cstep[r] = 0, cstep[r] + 1
             rq = ready[r]
             if not busy[r] and rq:
-                i = heapq.heappop(rq)[2]
+                i = heapq.heappop(rq)[-1]
                 queued[r][i] = False
                 k = g.start(i)
                 fid = new_firing(r, i, k, COMPUTE, last[r])
@@ -285,8 +284,7 @@ class Engine:
                 if cores is not None:
                     rate = 1.0 if busy_count <= cores else cores / max(busy_count, 1)
             g = graphs[r]
-            nodes, sr, lv, q, comp, mic, rq = g.nodes, seen_rel[r], live[r], queued[r], is_compute[r], \
-                micro_scope[r], ready[r]
+            nodes, sr, lv, q, comp, rq = g.nodes, seen_rel[r], live[r], queued[r], is_compute[r], ready[r]
             can_fire = g.can_fire
             for t in g.finish(i, out_k[fid]):
                 rel = nodes[t].released
@@ -295,17 +293,15 @@ class Engine:
                     if lv[t]:
                         r_free[lv[t].pop(0)] = now
                 if comp[t] and not q[t] and can_fire(t):
-                    k = nodes[t].started
-                    heapq.heappush(rq, (k // M, k % M, t) if mic[t] else (k, -1, t))
+                    heapq.heappush(rq, g.priority(t))
                     q[t] = True
             return r
 
         for r in self.reps:
             g = graphs[r]
-            for i, n in enumerate(g.nodes):
+            for i in range(len(g.nodes)):
                 if is_compute[r][i] and g.can_fire(i):
-                    k = n.started
-                    heapq.heappush(ready[r], (k // M, k % M, i) if micro_scope[r][i] else (k, -1, i))
+                    heapq.heappush(ready[r], g.priority(i))
                     queued[r][i] = True
         for r in self.reps:
             schedule(r)

@@ -97,7 +97,7 @@ def zero(mesh: Placement | int, shard_params: bool = True, micro_batches: int = 
 
 def pipeline(stages: int, micro_batches: int, ranks_per_stage: int | Sequence[int] = 1, inner: str = "none",
              stage_of: dict[str, int] | None = None, column: Sequence[str] = COLUMN,
-             row: Sequence[str] = ROW, device_type: str | None = None, schedule: str = "gpipe") -> Strategy:
+             row: Sequence[str] = ROW, device_type: str | None = None, schedule: str = "1f1b") -> Strategy:
     """``stages`` pipeline stages on consecutive ranks, ``micro_batches`` per step.
 
     Inside each stage: ``inner`` = "none" (one rank), "dp", "tp", "zero" (a 1-D mesh of

@@ -12,9 +12,11 @@
 - the loss (and, if asked, the gradients) go to ``Sink`` actors.
 
 Micro-batch scope follows the node's ``when``: "each" fires per micro-batch, "before" and "after"
-once per step. Register counts follow OneFlow's rule for pipelines: a micro-batch actor on stage
-s of S keeps max(2, S - s) registers, so stage s can hold the activations of every micro-batch
-still in flight after it; step actors keep 1 or 2.
+once per step. In a pipeline, each rank's compute follows its schedule's action list
+(``compiler.pipeline.schedules``, filed on the rank as a ``RankSchedule``), and a micro-batch actor
+of stage s keeps max(2, in flight) registers, in flight being the most micro-batches the schedule
+has between their forward and backward on s (GPipe: all of them, 1F1B: S - s, OneFlow's rule);
+step actors keep 1 or 2.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ...boxing.kinds import kernel_ref, kind_of
 from ...gc_pause import without_gc
 from ...layout import Block, holds_value, local_block, shard
 from ...runtime.actor_plan import ActorPlan, CommSlot
+from ...runtime.pipeline_order import RankSchedule, in_flight
 from ...runtime.specs import (
     Accumulate,
     Actor,
@@ -42,6 +45,7 @@ from ...runtime.specs import (
     Zeros,
 )
 from ..deduction.strategy import DEFAULT_BUCKET_MB
+from ..pipeline.schedules import pipeline_actions
 from .bucket_actors import bucket_actors
 from .bucket_views import gradients_into_buckets
 from .buckets import plan_buckets
@@ -52,10 +56,14 @@ if TYPE_CHECKING:
 
 
 class _Lowering:
-    def __init__(self, phys: PhysicalGraph, graph: Graph, registers: int | None, bucket_mb: float) -> None:
+    def __init__(self, phys: PhysicalGraph, graph: Graph, registers: int | None, bucket_mb: float,
+                 schedule: str | None = None) -> None:
         self.phys, self.graph = phys, graph
         self.stages = 1 + max((n.stage for n in phys.nodes), default=0)
         self.fixed = registers
+        self.stage_of: dict[int, dict[str, int]] = {r: {} for r in phys.ranks}  # rank -> actor -> stage
+        self.own: dict[int, set[int]] = {}  # rank -> the stages whose ops it runs
+        self.actions, self.in_flight = self.pipeline(schedule or "1f1b")
         self.actors: dict[int, list[Actor]] = {r: [] for r in phys.ranks}
         self.name: dict[int, str] = {}
         self.scope: dict[int, str] = {}
@@ -84,10 +92,38 @@ class _Lowering:
             self.initial[name] = shard(full, pl, sbp, f"tensor {name!r}")
         return self.initial[name][rank]
 
+    def pipeline(self, schedule: str) -> tuple[dict[int, tuple], dict[int, int]]:
+        """Per stage, the action list of the pipeline rank holding it, and how many micro-batches the
+        schedule keeps in flight there. Stages on the same ranks belong to one pipeline rank (several
+        of them under interleaved 1F1B: stage s on pipeline rank s % n)."""
+        if self.stages == 1:
+            return {}, {}
+        ranks: dict[int, set[int]] = {}
+        for n in self.phys.nodes:
+            if n.kind != "boxing":  # a transfer's sending half is filed under the stage it feeds
+                ranks.setdefault(n.stage, set()).add(n.rank)
+                self.own.setdefault(n.rank, set()).add(n.stage)
+        n_pipe = len({frozenset(v) for v in ranks.values()})
+        if self.stages % n_pipe or any(ranks.get(s) != ranks.get(s % n_pipe) for s in range(self.stages)):
+            raise PlanError(f"{self.stages} pipeline stages on {n_pipe} distinct rank sets: a schedule needs stage s "
+                            f"on the ranks of stage s % {n_pipe}")
+        per_rank = pipeline_actions(schedule, n_pipe, self.phys.micro_batches, self.stages // n_pipe)
+        actions = {s: per_rank[s % n_pipe] for s in range(self.stages)}
+        return actions, {s: in_flight(actions[s]).get(s, 1) for s in range(self.stages)}
+
+    def schedules(self, name: str | None) -> dict[int, RankSchedule]:
+        """Each rank's schedule: the action list of the pipeline rank of its (first) stage."""
+        if not self.actions:
+            return {}
+        return {r: RankSchedule(name or "1f1b", self.actions[min(own)], self.stage_of[r])
+                for r, own in self.own.items()}
+
     def regs(self, n: PhysNode) -> int:
         if self.fixed is not None:
             return self.fixed
-        return max(2, self.stages - n.stage) if n.when == "each" else 2
+        if n.when != "each":
+            return 2
+        return max(2, self.in_flight[n.stage]) if self.in_flight else max(2, self.stages - n.stage)
 
     def ref(self, r: Any) -> Ref:
         """The register holding physical output ``r`` (asked once its node is lowered, as nodes come in
@@ -103,6 +139,8 @@ class _Lowering:
 
     def add(self, n: PhysNode, *actors: Actor) -> None:
         self.actors[n.rank].extend(actors)
+        if n.stage in self.own.get(n.rank, ()):  # not the local steps of a transfer to another stage
+            self.stage_of[n.rank].update((a.name, n.stage) for a in actors)
 
     # --- one node -------------------------------------------------------------------------------
     def node(self, n: PhysNode) -> None:
@@ -273,7 +311,8 @@ class _Lowering:
 @without_gc
 def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None = None, outputs: bool = False,
                     name: str = "compiled", world_size: int | None = None,
-                    order: str = "derive", bucket_mb: float = DEFAULT_BUCKET_MB) -> ActorPlan:
+                    order: str = "derive", bucket_mb: float = DEFAULT_BUCKET_MB,
+                    schedule: str | None = None) -> ActorPlan:
     """The ActorPlan of one training step of ``phys`` (lowered from ``graph``, which holds the values).
 
     registers: one register count for every actor instead of the pipeline-aware defaults.
@@ -284,10 +323,12 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
         replayed first and refused if the register counts would deadlock under it.
     bucket_mb: parameter-gradient reductions of one group are coalesced into buckets of about this
         size (torch DDP's default); 0 runs one collective per gradient (``lowering.buckets``).
+    schedule: a pipeline's schedule (``compiler.pipeline.SCHEDULES``; None: "1f1b"), which orders
+        each rank's micro-batch compute and sizes its registers.
     """
     if order not in ("derive", "compiler"):
         raise ValueError(f"order must be 'derive' or 'compiler', got {order!r}")
-    lw = _Lowering(phys, graph, registers, bucket_mb)
+    lw = _Lowering(phys, graph, registers, bucket_mb, schedule)
     for n in phys.nodes:
         lw.node(n)
     lw.updates()
@@ -298,5 +339,6 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
     size = world_size or (max(phys.ranks) + 1)
     # no ``imports``: workers only run kernels, and every op (gradient and optimizer ops too) is
     # registered by sbplab.ops, which the runtime imports to find them
-    return ActorPlan.build(size, lw.actors, micro_batches=phys.micro_batches, device_type=device, name=name,
+    return ActorPlan.build(size, lw.actors, lw.schedules(schedule), micro_batches=phys.micro_batches,
+                           device_type=device, name=name,
                            comm_order=lw.compiler_order() if order == "compiler" else None)
