@@ -80,16 +80,45 @@ def test_gpt_physical_graph_in_a_notebook_cell(page):
     assert page.evaluate(MEASURE, ".sbplab-zoom-view")["width"] == pytest.approx(w0, abs=1)
 
 
-def test_8x8_layout_picture_in_a_narrow_cell(page):
+DARK = (":root { --jp-layout-color0: rgb(17, 17, 17); --jp-layout-color1: rgb(33, 33, 33); "
+        "--jp-layout-color2: rgb(66, 66, 66); --jp-content-font-color1: rgb(230, 230, 230); } "
+        "body { background: rgb(17, 17, 17); }")  # JupyterLab Dark's variables that the pictures use
+LAYOUT_COLOURS = """() => {
+  const svg = document.querySelector("svg.sbplab-layout"), fill = (el) => getComputedStyle(el).fill;
+  return { page: fill(svg.querySelector("rect.page")), tile: fill(svg.querySelector("rect.tile")),
+           title: fill(svg.querySelector("text.title")), chip: [...svg.querySelectorAll("text.chip-label")].map(fill) };
+}"""
+
+
+def test_16_and_64_rank_layout_pictures_fit_a_half_width_column(page):
+    """The SbpPlayground's columns are about 500 px wide: at 16 and 64 ranks a layout picture aggregates
+    its devices and fits (no sideways scrolling), with no text under 9 px."""
     import torch
 
-    mesh = sl.Placement("cpu", torch.arange(64).reshape(8, 8).tolist(), axis_names=("dp", "tp"))
-    for sbp in ("S(0), S(1)", "B, P"):
-        pic = layout_picture((64, 64), mesh, sbp, name="w")
-        page.set_content(notebook_cell(pic._repr_html_(), 500))
-        got = page.evaluate(MEASURE, ".sbplab-zoom-view")
-        assert got["minFont"] >= 9 - 0.01, sbp
-        assert got["width"] > got["box"]  # bigger than the cell: it scrolls rather than shrinks
+    for n, shape in ((16, (4, 4)), (64, (8, 8))):
+        mesh = sl.Placement("cpu", torch.arange(n).reshape(shape).tolist(), axis_names=("dp", "tp"))
+        for sbp in ("S(0), S(1)", "B, P", "S(0), B"):
+            pic = layout_picture((64, 64), mesh, sbp, name="w")
+            page.set_content(notebook_cell(pic._repr_html_(), 540))
+            got = page.evaluate(MEASURE, ".sbplab-zoom-view")
+            assert got["minFont"] >= 9 - 0.01, (n, sbp)
+            assert got["width"] <= got["box"] + 1, (n, sbp, got)  # fits the cell: it does not scroll sideways
+
+
+def test_layout_pictures_take_the_dark_themes_colours(page):
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    html = layout_picture((8, 6), mesh, "S(0), B")._repr_html_()
+    page.set_content(notebook_cell(html, 700))
+    light = page.evaluate(LAYOUT_COLOURS)
+    assert light["page"] == "rgb(255, 255, 255)" and light["title"] in ("rgb(34, 34, 34)", "rgb(0, 0, 0)")
+    page.set_content(notebook_cell(html, 700).replace("</style>", DARK + "</style>", 1))
+    dark = page.evaluate(LAYOUT_COLOURS)
+    assert dark["page"] == "rgb(17, 17, 17)" and dark["tile"] == "rgb(33, 33, 33)"  # no white card
+    assert dark["title"] == "rgb(230, 230, 230)"  # text in the theme's colour
+    page.set_content(notebook_cell(layout_picture((8, 6), mesh, "B, S(1)")._repr_html_(), 700)
+                     .replace("</style>", DARK + "</style>", 1))
+    chips = page.evaluate(LAYOUT_COLOURS)["chip"]
+    assert chips and set(chips) == {"rgb(0, 0, 0)"}  # a block's holders on their ranks' colours stay black
 
 
 def _settle(page) -> None:
