@@ -9,7 +9,12 @@ thread per rank:
 | data parallel              | DistributedDataParallel (bucketed, overlapped all-reduce)       |
 | ZeRO-3 (params sharded)    | FSDP2 ``fully_shard`` on every Linear and the root              |
 | Megatron tensor parallel   | DTensor ``parallelize_module`` (ColwiseParallel / RowwiseParallel) |
-| pipeline, 4 micro-batches  | ``torch.distributed.pipelining`` ScheduleGPipe and Schedule1F1B |
+| pipeline GPipe, 4 micro-b. | ``torch.distributed.pipelining`` ScheduleGPipe                   |
+| pipeline 1F1B, 4 micro-b.  | ``torch.distributed.pipelining`` Schedule1F1B                    |
+
+Each sbplab pipeline row runs the schedule it is named after (``sl.presets.pipeline(..., schedule=)``:
+the same per-rank order of forwards and backwards as its torch namesake, checked in
+``tests/test_pipeline_schedules.py``), so the two sides of a row run the same schedule.
 
 Time per step is what a user waits for: (wall time of a run of W + N steps - wall time of a run of W
 steps) / N, measured on the driver for sbplab (``cluster.run``, plan shipping and result gathering
@@ -201,6 +206,9 @@ def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn, 
 
 
 # --- sbplab ----------------------------------------------------------------------------------------
+PIPELINES = ("gpipe", "1f1b")  # sbplab's schedule of that name against torch's namesake
+
+
 def sbplab_strategy(kind: str, world: int) -> sl.Strategy:
     if kind == "dp":
         return sl.presets.data_parallel(world)
@@ -208,17 +216,17 @@ def sbplab_strategy(kind: str, world: int) -> sl.Strategy:
         return sl.presets.zero(world, shard_params=True)
     if kind == "tp":
         return sl.presets.tensor_parallel(world)
-    return sl.presets.pipeline(world, MICRO)
+    return sl.presets.pipeline(world, MICRO, schedule=kind)
 
 
 PAIRS = [("data parallel", "dp", "ddp", "DDP"), ("ZeRO-3", "zero3", "fsdp2", "FSDP2 fully_shard"),
          ("tensor parallel", "tp", "dtensor", "DTensor parallelize_module"),
-         ("pipeline GPipe", "pipe", "gpipe", "pipelining ScheduleGPipe"),
-         ("pipeline 1F1B", "pipe", "1f1b", "pipelining Schedule1F1B")]
+         ("pipeline GPipe", "gpipe", "gpipe", "pipelining ScheduleGPipe"),
+         ("pipeline 1F1B", "1f1b", "1f1b", "pipelining Schedule1F1B")]
 
 
 def bench_pair(cluster, world: int, width: int, kind: str, peer: str, warm: int, n: int, rounds: int):
-    blocks = max(1, world - 1) if kind == "pipe" else 1
+    blocks = max(1, world - 1) if kind in PIPELINES else 1
     model, x, y = make_model(width, blocks)
     step = sl.compile(model, (x,), loss_fn=model.loss_fn, target=y, optimizer=sl.SGD(lr=LR),
                       strategy=sbplab_strategy(kind, world))
@@ -273,7 +281,8 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="N at width 2048; a narrower width runs more (see below)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", nargs="*", default=None, help="sbplab strategies to run: dp zero3 tp pipe")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="sbplab strategies to run: dp zero3 tp gpipe 1f1b (pipe: both pipelines)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, one GPU per rank")
     a = ap.parse_args()
     global DEVICE
@@ -289,7 +298,7 @@ def main() -> None:
         with sl.LocalCluster(world, DEVICE, threads=1) as cluster:
             for width in a.widths:
                 for label, kind, peer, peer_label in PAIRS:
-                    if a.only and kind not in a.only:
+                    if a.only and kind not in a.only and not (kind in PIPELINES and "pipe" in a.only):
                         continue
                     n = a.steps * max(1, 2048 // width)  # a narrow step is short: more of them, a readable window
                     ours, theirs, l0, p0 = bench_pair(cluster, world, width, kind, peer, a.warm, n, a.rounds)
