@@ -60,6 +60,20 @@ class Streams:
             out = fn()
             return sev, out, self.record(stream)
 
+    def mark(self, stream):
+        """A point in time on ``stream``: a CUDA event (read after the run, ``resolve``), else ``perf_counter_ns``."""
+        return self.record(stream) if self.cuda else time.perf_counter_ns()
+
+    def resolve(self, trace: list[tuple], timing: list[tuple]) -> None:
+        """After a run: trace entries ``timing`` names (index, start event, end event) get their event
+        times; nothing to do off CUDA, where times were taken on the spot."""
+        if not self.cuda:
+            return
+        torch.cuda.synchronize()
+        for idx, sev, eev in timing:
+            i, k, lane, _, _, nb = trace[idx]
+            trace[idx] = (i, k, lane, self.to_ns(sev), self.to_ns(eev), nb)
+
     def start_clock(self) -> None:
         """On CUDA, firing times come from events measured against this reference."""
         if self.cuda:
