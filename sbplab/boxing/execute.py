@@ -1,7 +1,8 @@
-"""Run boxing steps on the shards of all ranks held in one process, with each kind's real semantics
-(``kinds/``): all-gather concatenates the group's shards in group order, reduce-scatter reduces each
-chunk across the group, all-to-all exchanges blocks, moves copy exactly the transferred regions.
-Nothing here ever rebuilds the full tensor, so a wrong plan gives a wrong value instead of hiding.
+"""Run boxing steps on the shards of all ranks held in one process, through each kind's own code
+(``kinds/``): collectives and moves are posted by every rank on its in-process communicator
+(``sbplab.runtime.communicators.InProcessWorld``), exactly as the workers post them on Gloo or NCCL,
+and local steps run the kernel the workers run. Nothing here ever rebuilds the full tensor, so a
+wrong plan gives a wrong value instead of hiding.
 """
 
 from __future__ import annotations
