@@ -28,8 +28,11 @@ def _mlp():
 
 
 def _compile(m, x, y, schedule: str, micro: int = 4):
-    return sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.1),
-                      strategy=sl.presets.pipeline(2, micro, schedule=schedule))
+    if schedule == "interleaved_1f1b":  # two ranks, two stages each: 0 and 2 on rank 0, 1 and 3 on rank 1
+        st = sl.Strategy(sl.mesh(pp=2), [sl.Pipeline("pp", micro_batches=micro, schedule=schedule)])
+    else:
+        st = sl.presets.pipeline(2, micro, schedule=schedule)
+    return sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.1), strategy=st)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -89,8 +92,34 @@ def test_gpipe_holds_more_than_1f1b_at_its_first_stage():
     assert peak["gpipe"][0] > peak["1f1b"][0]
 
 
+def test_interleaved_1f1b_places_two_stages_on_each_rank():
+    m, x, y = _mlp()
+    c = _compile(m, x, y, "interleaved_1f1b")
+    assert c.strategy.n_stages == 4
+    plan = c.plan()
+    expect = pipeline_actions("interleaved_1f1b", 2, 4, 2)
+    for r in (0, 1):
+        rs = plan.ranks[r].schedule
+        assert rs.actions == expect[r] and set(rs.stage_of.values()) == {r, r + 2}
+    p = sl.simulate(c, sl.Hardware.cpu_box())
+    assert {r: tuple(seq) for r, seq in actions_run(p.trace, plan).items()} == expect
+
+
+def test_pipeline_schedule_arguments_are_checked():
+    with pytest.raises(sl.InputError, match="interleaved_1f1b"):
+        sl.Pipeline("pp", micro_batches=4, schedule="1f1b", stages_per_rank=2)
+    with pytest.raises(sl.InputError, match="multiple of 2"):
+        sl.compile(*_mlp_args(), strategy=sl.Strategy(sl.mesh(pp=2), [
+            sl.Pipeline("pp", micro_batches=5, schedule="interleaved_1f1b")]))
+
+
+def _mlp_args():
+    m, x, y = _mlp()
+    return m, (x,), m.loss_fn, y
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", (*SCHEDULES, "interleaved_1f1b"))
 def test_each_schedule_trains_like_torch_and_runs_in_its_order(schedule):
     m, x, y = _mlp()
     ref = copy.deepcopy(m)
