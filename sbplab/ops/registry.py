@@ -81,6 +81,7 @@ class LocalContext:
     in_blocks: tuple[Block, ...]
     out_blocks: tuple[Block, ...]
     signature: NdSignature
+    rank: int = -1  # the rank whose shard this is (-1 where no one rank is meant: a validity check)
 
 
 InferFn = Callable[[Sequence[TensorMeta], dict], list[TensorMeta]]
@@ -208,7 +209,7 @@ def local_context(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict, sig: N
     ob = _blocks_fit(out_metas, sig.outputs, placement, rank)
     if ib is None or ob is None:
         return None
-    return LocalContext(tuple(in_metas), out_metas, ib, ob, sig)
+    return LocalContext(tuple(in_metas), out_metas, ib, ob, sig, rank)
 
 
 def _nd_valid(op: OpDef, in_metas: tuple[TensorMeta, ...], attrs: dict, sig: NdSignature,

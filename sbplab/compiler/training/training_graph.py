@@ -137,9 +137,11 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
     n, k = len(args), len(kwargs)
     g, grads = capture_aten(module, flat[:n], dict(zip(kwargs, flat[n:n + k])), loss_fn, flat[n + k:],
                             autocast=autocast_dtype(precision))
+    from ...ops.aten.family_random import number_random_ops
     from ..frontend.aten_unmerge import unmerge_batched_matmuls
 
     unmerge_batched_matmuls(g, protected=set(grads.values()))  # attention's heads stay a dim of their own
+    number_random_ops(g)  # each dropout its own stream: the same masks in every strategy
     seed = g.op_by_name["loss.seed"]
     seed.attrs = {**seed.attrs, "value": 1.0 / micro_batches}  # d(mean over micro-batches)/d(loss)
     attach_gradients(g, cast_gradients(g, grads, precision), micro_batches)

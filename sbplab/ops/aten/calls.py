@@ -102,6 +102,12 @@ def call(name: str, attrs: dict, tensors: list, device: Any = None) -> tuple:
     fn = resolve(attrs.get("op", name), attrs.get("lib"))  # a rule's localize may swap the overload (arange)
     args = fill(attrs["args"], tensors, device)
     kwargs = dict(fill(attrs.get("kwargs", ()), tensors, device))
+    if "stream" in attrs:  # a random op of a compiled step: drawn from its own stream (family_random.py)
+        from .family_random import run_random
+
+        drawn = run_random(name, attrs, args)
+        if drawn is not None:
+            return drawn
     out = fn(*args, **kwargs)
     if isinstance(out, torch.Tensor):
         return (out,)

@@ -21,6 +21,7 @@ from ..registry import REGISTRY, LocalContext, Signature, TensorMeta, forget_cac
 from . import family_factory as fac
 from . import family_linalg as la
 from . import family_nn as nn
+from . import family_random as rnd
 from . import family_reduce as red
 from . import family_shape as sh
 from . import vocab_parallel as vp
@@ -118,10 +119,10 @@ declare("pointwise", _ops(
     "bitwise_or.Tensor", "bitwise_not.default", "logical_not.default", "logical_and.default",
     "floor_divide.default", "remainder.Scalar", "abs.default", "clamp.default", "maximum.default",
     "minimum.default", "reciprocal.default", "erf.default", "zeros_like.default", "ones_like.default",
-    "empty_like.default", "full_like.default", "fill.Scalar", "native_dropout.default",
-    "native_dropout_backward.default", "bernoulli.p", "rand_like.default", "randn_like.default",
-), pointwise_signatures, note="broadcasting dims split together; linear ops pass P; random ops draw "
-   "per rank (a split dropout mask is what DDP gives: each rank its own draws)")
+    "empty_like.default", "full_like.default", "fill.Scalar", "native_dropout_backward.default",
+), pointwise_signatures, note="broadcasting dims split together; linear ops pass P")
+declare("random", rnd.RANDOM_OPS, rnd.random_signatures, rnd.random_localize,
+        note="each op its own stream, drawn over the global shape: every strategy the same numbers")
 
 # --- reductions and ops along one dim -------------------------------------------------------
 declare("reduction", _ops("sum.dim_IntList", "sum.default", "amax.default", "amin.default", "argmax.default",
