@@ -41,6 +41,7 @@ from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
 from .aten_decomp import decompositions
 from .fx_trace import source_of
+from .layer_repeat import cut_to, find_layer_stack, repeat_layers
 
 SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
            "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"}
@@ -142,19 +143,35 @@ def _op_name(target: Any) -> str:
 @without_gc
 def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor], loss_fn: Callable | None = None,
                  targets: tuple[torch.Tensor, ...] = (), autocast: torch.dtype | None = None,
-                 ) -> tuple[Graph, dict[str, str]]:
+                 repeat: bool = True) -> tuple[Graph, dict[str, str]]:
     """The joint graph of ``loss_fn(model(*args, **kwargs), *targets)`` (or the model's own loss) as
     a ``Graph`` with forward and backward ops; returns it and param -> gradient (one micro-batch).
 
     The loss's gradient seed is a ``fill`` op of value 1 (``aten_training_graph`` scales it for
     micro-batches). ``autocast``: a dtype to capture under ``torch.autocast`` (mixed precision: its
-    casts become ops of the graph, see ``training/precision_pass.py``)."""
+    casts become ops of the graph, see ``training/precision_pass.py``). ``repeat``: capture a stack of
+    identical layers once and copy it (``layer_repeat``; the graph is the same node for node); False
+    captures every layer."""
+    flat = (*args, *kwargs.values(), *targets)
+    names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
+    stack = find_layer_stack(model) if repeat else None
+    if stack is not None:  # identical layers: capture three, copy the middle one (layer_repeat.py)
+        with cut_to(model, stack):
+            gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), autocast)
+        whole = repeat_layers(gm, stack)
+        if whole is not None:
+            return _to_graph(whole, model, names, flat)
+    gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), autocast)
+    return _to_graph(gm, model, names, flat)
+
+
+def _joint(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int, kw_names: tuple[str, ...],
+           autocast: torch.dtype | None) -> fx.GraphModule:
+    """torch.export then torch's autograd: the joint forward + backward graph, with descriptors."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    flat = (*args, *kwargs.values(), *targets)
     traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, flat)
-    step = _Step(traced, loss_fn, len(args), tuple(kwargs))
-    names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
+    step = _Step(traced, loss_fn, n_args, kw_names)
     try:
         with contextlib.ExitStack() as stack:
             if autocast is not None:
@@ -166,7 +183,7 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
         raise
     except Exception as e:  # noqa: BLE001  (torch's own tracing errors, reworded with what to do)
         raise CaptureError(_capture_failure(model, e)) from e
-    return _to_graph(joint.graph_module, model, names, flat)
+    return joint.graph_module
 
 
 def _on_meta(model: nn.Module, flat: tuple) -> bool:
