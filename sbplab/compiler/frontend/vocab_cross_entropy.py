@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ...ops.aten.vocab_parallel import pick_logit
+from ...ops.aten.vocab_parallel import log_saving_output, pick_logit
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -48,7 +48,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
     m = torch.amax(input, dim=1, keepdim=True).detach()  # (N, 1)  a shift: the loss does not depend on it
     z = torch.exp(input - m).sum(dim=1)  # (N,)
     valid = (target != ignore_index).to(input.dtype)  # (N,)
-    loss = (torch.log(z) + m.squeeze(1) - pick_logit(input, target)) * valid  # (N,)
+    loss = (log_saving_output(z) + m.squeeze(1) - pick_logit(input, target)) * valid  # (N,)
     if reduction == "none":
         return loss
     if reduction == "sum":

@@ -181,6 +181,7 @@ declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_
         vp.embedding_localize, note=VOCAB)
 declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o, a),
         vp.embedding_backward_localize, note=VOCAB)
+declare("pointwise", ["sbplab.log_saving_output.default"], pointwise_signatures)
 declare("indexing", ["sbplab.pick_logit.default"], vp.pick_signatures, vp.pick_localize,
         note="the target's logit; on logits split by vocabulary a partial sum (vocab_parallel.py)")
 declare("indexing", ["sbplab.pick_logit_backward.default"], vp.pick_backward_signatures, vp.pick_backward_localize,

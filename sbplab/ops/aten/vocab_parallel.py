@@ -131,6 +131,31 @@ def _pick_backward(ctx, grad):
 pick_logit.register_autograd(_pick_backward, setup_context=_pick_setup)
 
 
+@torch.library.custom_op("sbplab::log_saving_output", mutates_args=())
+def log_saving_output(z: torch.Tensor) -> torch.Tensor:
+    """``log z`` whose backward reads its output (``1/z = exp(-log z)``), not ``z``: on vocabulary shards ``z``
+    (the sum of exponentials) is a partial sum all-reduced forward, and a backward reading it would
+    all-reduce it again. A pointwise op for the rules."""
+    return torch.log(z)
+
+
+@log_saving_output.register_fake
+def _(z):
+    return torch.empty_like(z)
+
+
+def _log_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output)
+
+
+def _log_backward(ctx, grad):
+    (out,) = ctx.saved_tensors
+    return grad * torch.exp(-out)
+
+
+log_saving_output.register_autograd(_log_backward, setup_context=_log_setup)
+
+
 def pick_localize(name: str):
     """``pick_logit`` on a rank holding columns ``[c0, c1)`` of the logits: those columns' targets."""
     def localize(attrs: dict, ctx: LocalContext) -> dict:

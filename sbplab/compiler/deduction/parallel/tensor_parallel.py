@@ -186,6 +186,12 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
         for _, u in uses:  # a captured graph reads t(weight) (through casts), its backward t(t(weight)): all split
             for w, d in _weight_views(graph, u.param, getattr(u, dim)):
                 _hint(escape(w), [w], ctx.nd(S(d)), "Megatron: the layer reads its weight split", out, pin=True)
+    if not graph.input_grads:  # a captured graph: the column inputs' gradients found from the backward ops
+        what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
+        for g in pairing.pairs:
+            for t in _summed_input_grads(graph, [graph.op_by_name[c] for c in g.columns]):
+                _hint(escape(t), [t], ctx.between_blocks(t), f"Megatron f: the input's gradient is {what}", out,
+                      role="activation")
     for op, u in col_uses:
         x = op.inputs[u.data]
         if graph.input_grads:  # the fx path's autodiff records each op's input gradients
@@ -203,6 +209,43 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
         if ctx.sequence_parallel and g is not None:  # the backward of the reduce-scatter: an all-gather
             _hint(escape(g), [g], ctx.whole(), "sequence parallel: the output's gradient all-gathered", out, use=True)
     return out
+
+
+GRAD_PATH = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _summed_input_grads(graph: Graph, columns: list[OpNode]) -> list[str]:
+    """The gradients of the inputs of ``columns`` (a captured graph's backward matmuls that read the layer's
+    weight and make a tensor of its input's shape), followed through reshapes and summed where several
+    columns read one input (q, k and v): one tensor per input, the one Megatron's f all-reduces."""
+    ends = []
+    for op in columns:
+        use = linear_use(graph, op)
+        if use is None:
+            continue
+        views = {use.param, *(w for w, _ in _weight_views(graph, use.param, use.param_out))}
+        shape = graph.tensors[op.inputs[use.data]].shape
+        for b in graph.ops:
+            if b.forward_op == op.name and b.phase == "backward" and b.type in ("aten.mm.default", "aten.matmul.default") \
+                    and views & set(b.inputs) and graph.tensors[b.outputs[0]].shape == shape:
+                ends.append(b.outputs[0])
+    ends = [_through_views(graph, t) for t in ends]
+    changed = True
+    while changed and len(ends) > 1:
+        changed = False
+        for t in ends:
+            readers = graph.consumers(t)
+            if len(readers) == 1 and readers[0].type == "aten.add.Tensor" and set(readers[0].inputs) <= set(ends):
+                ends = [e for e in ends if e not in readers[0].inputs] + [_through_views(graph, readers[0].outputs[0])]
+                changed = True
+                break
+    return ends
+
+
+def _through_views(graph: Graph, name: str) -> str:
+    while len(readers := graph.consumers(name)) == 1 and readers[0].type in GRAD_PATH:
+        name = readers[0].outputs[0]
+    return name
 
 
 def _weight_views(graph, param: str, dim: int) -> list[tuple[str, int]]:
@@ -349,14 +392,17 @@ def _vocab_hints(ctx: _TPContext, embeds: list, heads: list) -> list[Hint]:
                   "the cross entropy runs on the shards", out, role="activation")
             for t, why in _loss_reductions(graph):
                 _hint(escape(t), [t], ctx.whole(), f"Megatron vocab-parallel cross entropy: {why} all-reduced", out,
-                      **({"use": True} if "max" in why else {"role": "activation"}))
+                      use=True)
         else:
             _hint(escape(o), [o], ctx.whole(), "Megatron output layer: the logits gathered for the loss", out,
                   role="activation")
+        what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
         if graph.input_grads:
-            what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
             _hint(escape(op.name), [op.name], ctx.between_blocks(op.inputs[use.data]),
                   f"Megatron f: the input's gradient is {what}", out, input_grad=use.data)
+        for t in [] if graph.input_grads else _summed_input_grads(graph, [op]):
+            _hint(escape(t), [t], ctx.between_blocks(t), f"Megatron f: the input's gradient is {what}", out,
+                  role="activation")
         x = op.inputs[use.data]
         if ctx.sequence_parallel:  # a column layer: its input gathered for use, forward and for the weight grad
             _hint(escape(x), [x], ctx.whole(), "sequence parallel: the output layer's input all-gathered", out,
