@@ -148,7 +148,14 @@ CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "InputTypeError", ("sl.DataParallel", "str")),
     ("Parallelism rules", "a ZeRO level other than 1, 2, 3", "sl.ZeRO(4)", "InputError", ("ZeRO level", "got 4")),
     ("Parallelism rules", "a pipeline schedule that does not exist", 'sl.Pipeline("pp", schedule="zigzag")',
-     "InputError", ("gpipe", "1f1b", "zigzag")),
+     "InputError", ("gpipe", "1f1b", "interleaved_1f1b", "zigzag")),
+    ("Parallelism rules", "several stages per rank without interleaving",
+     'sl.Pipeline("pp", micro_batches=4, stages_per_rank=2)', "InputError",
+     ("stages_per_rank=2", "interleaved_1f1b", "'1f1b'")),
+    ("Parallelism rules", "interleaved 1F1B on a micro-batch count its rounds cannot split",
+     'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, strategy=sl.Strategy(sl.mesh(pp=2), '
+     '[sl.Pipeline("pp", micro_batches=5, schedule="interleaved_1f1b")]))', "InputError",
+     ("2 rounds", "multiple of 2", "got 5")),
     ("Parallelism rules", "tensor parallel that splits nothing",
      'sl.compile(model, (inp,), loss_fn=model.loss_fn, target=target, strategy=sl.Strategy(sl.mesh(tp=2), '
      '[sl.TensorParallel("tp", column=("head",), row=("*fc2",))]))', "TensorParallelError",
