@@ -42,6 +42,7 @@ from ..ir import Graph, GraphError
 from .aten_decomp import decompositions
 from .fx_trace import source_of
 from .layer_repeat import cut_to, find_layer_stack, repeat_layers
+from .vocab_cross_entropy import VocabShardedCrossEntropy
 
 SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
            "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"}
@@ -177,6 +178,7 @@ def _joint(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int,
             if autocast is not None:
                 stack.enter_context(torch.autocast("cpu", dtype=autocast))
             stack.enter_context(AttentionMode())  # SDPA as one op whose kernel the device picks
+            stack.enter_context(VocabShardedCrossEntropy())  # logits may stay split by vocabulary
             ep = torch.export.export(step, traced_flat, strict=False)
             joint = aot_export_joint_with_descriptors(stack, ep.module(), traced_flat, decompositions=decompositions())
     except SbplabError:
