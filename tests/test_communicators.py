@@ -231,6 +231,7 @@ def test_a_wait_that_cannot_finish_and_mismatched_posts_say_so():
         b.broadcast(torch.ones(2), 0, (0, 1))
     with pytest.raises(CommunicatorError, match=r"no such group"):
         a.all_gather(torch.empty(4), torch.ones(2), (1, 0))
+    assert a.group([0, 1]) == (0, 1)
     with pytest.raises(CommunicatorError, match="reduce op 'prod'"):
         a.all_reduce(torch.ones(2), "prod", (0, 1))
     with pytest.raises(CommunicatorError, match=r"rank 5 is not held in this process"):

@@ -106,6 +106,11 @@ class Communicator(abc.ABC):
     def has_group(self, ranks: Sequence[int]) -> bool:
         """True when ``ranks`` (in this order) is a group ``ensure_groups`` created."""
 
+    @abc.abstractmethod
+    def group(self, ranks: Sequence[int]) -> object:
+        """The backend's handle of group ``ranks`` (a c10d ``ProcessGroup``; the rank tuple in one process),
+        for code that needs the backend itself (``DeviceMesh``, checkpointing)."""
+
     def check_group(self, ranks: Sequence[int], what: str) -> Ranks:
         g = tuple(int(r) for r in ranks)
         if not self.has_group(g):

@@ -226,6 +226,9 @@ class InProcessCommunicator(Communicator):
     def has_group(self, ranks) -> bool:
         return tuple(ranks) in self.world.groups
 
+    def group(self, ranks) -> object:
+        return self.check_group(ranks, "group")
+
     def _post(self, op: str, group, args: tuple, run) -> Work:
         g = self.check_group(group, op)
         rv = self.world.post_collective(self.rank, op, g, args, run)

@@ -51,6 +51,9 @@ class TorchDistCommunicator(Communicator):
     def has_group(self, ranks: Sequence[int]) -> bool:
         return tuple(ranks) in self.groups
 
+    def group(self, ranks: Sequence[int]) -> object:
+        return self._pg(ranks, "group")
+
     def _pg(self, group: Sequence[int], what: str) -> object:
         return self.groups[self.check_group(group, what)]
 
