@@ -202,9 +202,9 @@ def test_coverage_says_which_ops_dtensor_runs_as_sbplab():
     assert cov.total == len(aten) and cov.skipped == len(step.graph.ops) - len(aten)
     assert set(cov.kinds) <= set(KINDS) and sum(cov.kinds.values()) == cov.total
     assert 0.5 < cov.fraction <= cov.fraction_with_redistributes <= 1
-    # CPU attention: DTensor runs it only all-replicated and has no rule for its backward, which sbplab
+    # attention (sbplab's op): DTensor has no rule for it or its backward, which sbplab
     # splits by batch here; the export runs each call through local_map with sbplab's placements
-    sdpa = [v for v in cov.verdicts if v.type.startswith("aten._scaled_dot_product_flash_attention_for_cpu")]
+    sdpa = [v for v in cov.verdicts if v.type.startswith("sbplab.scaled_dot_product_attention")]
     back = [v for v in sdpa if "backward" in v.type]
     assert back and all(v.kind == "local_map" and v.dtensor.startswith("no rule") for v in back)
     assert len(exp.local_maps) == 2 == len(sdpa) - len(back)

@@ -34,9 +34,12 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
 
 
 def _float_mask(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
-    """A boolean mask (True = attend) as the additive mask the fused kernels take."""
-    if mask is None or mask.dtype != torch.bool:
+    """A boolean mask (True = attend) as the additive mask the fused kernels take, in the query's dtype
+    (a float32 mask meets bf16 queries under autocast)."""
+    if mask is None or mask.dtype == q.dtype:
         return mask
+    if mask.dtype != torch.bool:
+        return mask.to(q.dtype)
     return torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
 
 
