@@ -64,6 +64,17 @@ class Streams:
         """A point in time on ``stream``: a CUDA event (read after the run, ``resolve``), else ``perf_counter_ns``."""
         return self.record(stream) if self.cuda else time.perf_counter_ns()
 
+    def log(self, trace: list[tuple], timing: list[tuple], entry: tuple, start, end) -> None:
+        """Append ``entry + (start, end, bytes)`` to ``trace``, ``entry = (actor, firing, lane)`` and
+        ``start``/``end`` from ``mark`` (or ``run_on``); on CUDA the times are filled in by ``resolve``.
+        ``entry`` may carry the bytes as a fourth item."""
+        head, nbytes = entry[:3], (entry[3] if len(entry) > 3 else 0)
+        if self.cuda:
+            trace.append(head + (0, 0, nbytes))
+            timing.append((len(trace) - 1, start, end))
+        else:
+            trace.append(head + (start, end, nbytes))
+
     def resolve(self, trace: list[tuple], timing: list[tuple]) -> None:
         """After a run: trace entries ``timing`` names (index, start event, end event) get their event
         times; nothing to do off CUDA, where times were taken on the spot."""
