@@ -113,6 +113,14 @@ def test_pipeline_schedule_arguments_are_checked():
             sl.Pipeline("pp", micro_batches=5, schedule="interleaved_1f1b")]))
 
 
+def test_fixed_registers_below_what_the_schedule_keeps_in_flight_are_refused():
+    m, x, y = _mlp()
+    c = _compile(m, x, y, "gpipe")
+    with pytest.raises(sl.PlanError, match="registers=2 is fewer than the 4 micro-batches the gpipe schedule"):
+        c.plan(registers=2)
+    assert c.plan(registers=4).ranks[0].schedule.name == "gpipe"
+
+
 def _mlp_args():
     m, x, y = _mlp()
     return m, (x,), m.loss_fn, y

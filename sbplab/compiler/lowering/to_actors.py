@@ -109,7 +109,14 @@ class _Lowering:
                             f"on the ranks of stage s % {n_pipe}")
         per_rank = pipeline_actions(schedule, n_pipe, self.phys.micro_batches, self.stages // n_pipe)
         actions = {s: per_rank[s % n_pipe] for s in range(self.stages)}
-        return actions, {s: in_flight(actions[s]).get(s, 1) for s in range(self.stages)}
+        live = {s: in_flight(actions[s]).get(s, 1) for s in range(self.stages)}
+        most = max(live.values())
+        if self.fixed is not None and self.phys.micro_batches > 1 and self.fixed < most:
+            s = max(live, key=lambda k: live[k])
+            raise PlanError(f"registers={self.fixed} is fewer than the {most} micro-batches the {schedule} schedule keeps "
+                            f"in flight on stage {s}: its forward could not start; pass registers >= {most}, or "
+                            f"None for the schedule's own counts")
+        return actions, live
 
     def schedules(self, name: str | None) -> dict[int, RankSchedule]:
         """Each rank's schedule: the action list of the pipeline rank of its (first) stage."""
