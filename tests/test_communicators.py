@@ -43,10 +43,10 @@ CASES = [
 ]
 
 
-def _input(case: int, rank: int, shape) -> torch.Tensor:
+def _input(case: int, rank: int, shape, device: torch.device | str = "cpu") -> torch.Tensor:
     """Small integers as floats: every reduction order gives the same bits."""
     g = torch.Generator().manual_seed(100 * case + rank)
-    return torch.randint(-5, 6, tuple(shape), generator=g).float()
+    return torch.randint(-5, 6, tuple(shape), generator=g).float().to(device)
 
 
 def _post(comm, case: int, rank: int):
@@ -58,7 +58,8 @@ def _post(comm, case: int, rank: int):
         _, src, dst, tag, shape = c
         kind = kind_of("send_recv")
         if rank == src:
-            return kind.start(comm, Send("s", inputs=("x",), peer=dst, tag=tag), _input(case, rank, shape), tag=tag)
+            x = _input(case, rank, shape, comm.device)
+            return kind.start(comm, Send("s", inputs=("x",), peer=dst, tag=tag), x, tag=tag)
         if rank == dst:
             return kind.start(comm, Recv("r", peer=src, tag=tag, shape=shape), None, tag=tag)
         return None
@@ -66,13 +67,13 @@ def _post(comm, case: int, rank: int):
     if rank not in fields["group"]:
         return None
     actor = Collective("c", kind_=name, inputs=("x",), **fields)
-    x = _input(case, rank, shapes[fields["group"].index(rank)])
+    x = _input(case, rank, shapes[fields["group"].index(rank)], comm.device)
     return kind_of(name).start(comm, actor, x)
 
 
 def _result(p) -> tuple:
     out = p.wait()
-    return (None if out is None else out.clone(), p.nbytes)
+    return (None if out is None else out.to("cpu", copy=True), p.nbytes)
 
 
 def _in_process_sequential() -> dict:
@@ -96,16 +97,20 @@ def _rank_program(comm, rank: int) -> dict:
     return out
 
 
-def _gloo_worker(rank: int, init: str, path: str) -> None:
+def _gloo_worker(rank: int, init: str, path: str, device_type: str = "cpu") -> None:
     from sbplab.runtime.comm import Comm
 
     res: dict = {}
     try:
-        Comm.init(rank, WORLD, "cpu", init, timeout_s=60)
-        comm = Comm(rank, WORLD, "cpu", torch.device("cpu"))
+        device = torch.device("cpu")
+        if device_type == "cuda":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+        Comm.init(rank, WORLD, device_type, init, timeout_s=60)
+        comm = Comm(rank, WORLD, device_type, device)
         comm.ensure_groups(GROUPS, PAIRS)
         res = _rank_program(comm.communicator, rank)
-        # Gloo's quirk, kept in its communicator: a reduce-scatter handle cannot be polled
+        # Gloo's quirk, kept in its communicator: a reduce-scatter handle cannot be polled (NCCL's can)
         p = _post(comm.communicator, 2, rank)
         res["pollable"] = (p.work.pollable, p.work.op)
         p.wait()
@@ -118,10 +123,11 @@ def _gloo_worker(rank: int, init: str, path: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _gloo(tmp_path: pathlib.Path) -> dict:
+def _gloo(tmp_path: pathlib.Path, device_type: str = "cpu") -> dict:
     ctx = mp.get_context("spawn")
     outs = [str(tmp_path / f"rank{r}.pkl") for r in range(WORLD)]
-    procs = [ctx.Process(target=_gloo_worker, args=(r, f"file://{tmp_path}/store", outs[r])) for r in range(WORLD)]
+    procs = [ctx.Process(target=_gloo_worker, args=(r, f"file://{tmp_path}/store", outs[r], device_type))
+             for r in range(WORLD)]
     for p in procs:
         p.start()
     for p in procs:
@@ -132,7 +138,7 @@ def _gloo(tmp_path: pathlib.Path) -> dict:
         with open(o, "rb") as f:
             got = pickle.load(f)
         assert "error" not in got, got["error"]
-        assert got.pop("pollable") == (False, "reduce_scatter")
+        assert got.pop("pollable") == (device_type == "cuda", "reduce_scatter")
         res.update(got)
     return res
 
@@ -251,3 +257,78 @@ def test_the_boxing_kinds_never_call_torch_distributed():
     offenders = [str(p) for p in root.rglob("*.py") if "torch.distributed" in p.read_text().replace(
         "``torch.distributed``", "") or "dist." in p.read_text()]
     assert not offenders, offenders
+
+
+# --- CUDA / NCCL: skipped without a GPU -----------------------------------------------------------------
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.cuda
+@pytest.mark.multiprocess
+@CUDA
+@pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} GPUs")
+def test_every_kind_gives_the_same_tensors_and_bytes_on_nccl(tmp_path):
+    nccl = _gloo(tmp_path, "cuda")
+    assert not _same(_in_process_sequential(), nccl), _same(_in_process_sequential(), nccl)
+
+
+def _nccl_one_rank(path: str, init: str) -> None:
+    """One rank, one GPU: every NCCL communicator operation on the group (0,), and the comm stream."""
+    from sbplab.runtime.comm import Comm
+
+    res: dict = {}
+    try:
+        torch.cuda.set_device(0)
+        Comm.init(0, 1, "cuda", init, timeout_s=60)
+        c = Comm(0, 1, "cuda", torch.device("cuda", 0)).communicator
+        c.ensure_groups([(0,)])
+        x = torch.arange(6.0, device="cuda").view(3, 2)
+        st = c.streams()
+        st.start_clock()
+        with st.use(st.comm):
+            y = x.clone()
+            works = [c.all_reduce(y, "avg", (0,))]
+            g = torch.empty_like(x)
+            works.append(c.all_gather(g, x, (0,)))
+            r = torch.empty_like(x)
+            works.append(c.reduce_scatter(r, x, "max", (0,)))
+            a = torch.empty(6, device="cuda")
+            works.append(c.all_to_all(a, x.reshape(-1), [6], [6], (0,)))
+            b = x.clone()
+            works.append(c.broadcast(b, 0, (0,)))
+            for w in works:
+                w.wait()
+            start = st.mark(st.comm)
+            end = st.mark(st.comm)
+        torch.cuda.synchronize()  # the values were made on the comm stream
+        trace: list = []
+        timing: list = []
+        st.log(trace, timing, (0, 0, 1), start, end)
+        st.resolve(trace, timing)
+        res = {"values": [t.cpu() for t in (y, g, r, a.view(3, 2), b)], "x": x.cpu(), "trace": trace,
+               "caps": (c.caps.wait_blocks_cpu, c.caps.record_streams)}
+    except Exception:
+        res = {"error": traceback.format_exc()}
+    with open(path, "wb") as f:
+        pickle.dump(res, f)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.cuda
+@pytest.mark.multiprocess
+@CUDA
+def test_the_nccl_communicator_runs_every_operation_on_one_gpu(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = str(tmp_path / "rank0.pkl")
+    p = ctx.Process(target=_nccl_one_rank, args=(out, f"file://{tmp_path}/store"))
+    p.start()
+    p.join(180)
+    assert p.exitcode == 0
+    with open(out, "rb") as f:
+        res = pickle.load(f)
+    assert "error" not in res, res["error"]
+    assert all(torch.equal(v, res["x"]) for v in res["values"])  # one rank: every operation is the identity
+    (_, _, _, t0, t1, _), = res["trace"]
+    assert 0 < t0 <= t1
+    assert res["caps"] == (False, True)
