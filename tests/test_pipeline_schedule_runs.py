@@ -113,12 +113,15 @@ def test_pipeline_schedule_arguments_are_checked():
             sl.Pipeline("pp", micro_batches=5, schedule="interleaved_1f1b")]))
 
 
-def test_fixed_registers_below_what_the_schedule_keeps_in_flight_are_refused():
+def test_hand_set_registers_leave_the_order_to_them():
+    """``plan(registers=R)`` is the register experiment: no schedule, the registers alone bound how far
+    a stage runs ahead."""
     m, x, y = _mlp()
     c = _compile(m, x, y, "gpipe")
-    with pytest.raises(sl.PlanError, match="registers=2 is fewer than the 4 micro-batches the gpipe schedule"):
-        c.plan(registers=2)
-    assert c.plan(registers=4).ranks[0].schedule.name == "gpipe"
+    plan = c.plan(registers=1)
+    assert all(rp.schedule is None for rp in plan.ranks.values())
+    assert {a.registers for a in plan.ranks[0].actors if a.scope == "micro" and a.kind == "compute"} == {1}
+    assert c.plan().ranks[0].schedule.name == "gpipe"
 
 
 def _mlp_args():

@@ -96,7 +96,7 @@ class _Lowering:
         """Per stage, the action list of the pipeline rank holding it, and how many micro-batches the
         schedule keeps in flight there. Stages on the same ranks belong to one pipeline rank (several
         of them under interleaved 1F1B: stage s on pipeline rank s % n)."""
-        if self.stages == 1:
+        if self.stages == 1 or self.fixed is not None:  # hand-set registers: they alone bound the order
             return {}, {}
         ranks: dict[int, set[int]] = {}
         for n in self.phys.nodes:
@@ -109,14 +109,7 @@ class _Lowering:
                             f"on the ranks of stage s % {n_pipe}")
         per_rank = pipeline_actions(schedule, n_pipe, self.phys.micro_batches, self.stages // n_pipe)
         actions = {s: per_rank[s % n_pipe] for s in range(self.stages)}
-        live = {s: in_flight(actions[s]).get(s, 1) for s in range(self.stages)}
-        most = max(live.values())
-        if self.fixed is not None and self.phys.micro_batches > 1 and self.fixed < most:
-            s = max(live, key=lambda k: live[k])
-            raise PlanError(f"registers={self.fixed} is fewer than the {most} micro-batches the {schedule} schedule keeps "
-                            f"in flight on stage {s}: its forward could not start; pass registers >= {most}, or "
-                            f"None for the schedule's own counts")
-        return actions, live
+        return actions, {s: in_flight(actions[s]).get(s, 1) for s in range(self.stages)}
 
     def schedules(self, name: str | None) -> dict[int, RankSchedule]:
         """Each rank's schedule: the action list of the pipeline rank of its (first) stage."""
@@ -322,7 +315,9 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
                     schedule: str | None = None) -> ActorPlan:
     """The ActorPlan of one training step of ``phys`` (lowered from ``graph``, which holds the values).
 
-    registers: one register count for every actor instead of the pipeline-aware defaults.
+    registers: one register count for every actor instead of the schedule's; the plan then has no
+        schedule, and each rank's compute lane runs whatever its registers allow, oldest micro-batch
+        first (how far registers alone let a stage run ahead, ``viz/teaching``).
     outputs: also hand back the gradients (``result.outputs[grad name]``).
     order: "derive" (default): the global communication order comes from simulating the actors,
         which lets pipeline stages overlap and proves the register counts cannot deadlock;
