@@ -82,6 +82,9 @@ def check_layout(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp,
                     f"of shape {tuple(shape)}; valid dims are 0..{len(shape) - 1}"
                 )
             parts = placement.shape[axis]
+            if x.chunks > 1:
+                _check_chunked(shape, nd_sbp, axis, x, parts, what)
+                sizes[x.dim] = shape[x.dim] // x.chunks  # each chunk is split: its size is what must divide
             if sizes[x.dim] < parts:
                 raise LayoutError(
                     f"{what}: dim {x.dim} has {sizes[x.dim]} elements at mesh axis {axis} "
@@ -89,6 +92,19 @@ def check_layout(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp,
                     f"parts; empty shards are not allowed, so use B or split a larger dim"
                 )
             sizes[x.dim] //= parts
+
+
+def _check_chunked(shape: Sequence[int], nd_sbp: NdSbp, axis: int, x: Split, parts: int, what: str) -> None:
+    """A strided split ``S(d, chunks=k)``: d holds k equal chunks, and no other mesh axis splits d (the
+    chunks of a piece are not a piece of the chunks)."""
+    n = shape[x.dim]
+    if n % x.chunks:
+        raise LayoutError(f"{what}: {x} on mesh axis {axis} needs dim {x.dim} ({n} elements, shape {tuple(shape)}) "
+                          f"to hold {x.chunks} equal chunks; use a chunk count that divides {n}, or S({x.dim})")
+    other = [a for a, y in enumerate(nd_sbp) if a != axis and isinstance(y, Split) and y.dim == x.dim]
+    if other:
+        raise LayoutError(f"{what}: {fmt_sbp(nd_sbp)} splits dim {x.dim} on mesh axes {axis} and {other[0]}, but a "
+                          f"strided split {x} must be the only split of its dim; split another dim on the other axis")
 
 
 def local_block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int) -> Block:
@@ -120,12 +136,51 @@ def _block(shape: Sequence[int], placement: Placement, nd_sbp: NdSbp, rank: int)
 
 
 def _narrow(block: Block, x: SbpParallel, parts: int, index: int) -> Block:
-    """The part of ``block`` that place ``index`` of a mesh axis of ``parts`` places holds under ``x``."""
+    """The part of ``block`` that place ``index`` of a mesh axis of ``parts`` places holds under ``x``.
+
+    A strided split's piece (``S(d, chunks=k)``: a slice of each of k chunks) is no range of the dim; its
+    block is the range the piece takes once the dim is reordered rank by rank (``[k*a, k*b)``, a the
+    piece's start in one chunk): the right sizes, and a position only ``shard``/``assemble`` interpret."""
     if not isinstance(x, Split):
         return block
     s, e = block[x.dim]
+    if x.chunks > 1:
+        a, b = split_range((e - s) // x.chunks, parts, index)
+        return block[:x.dim] + ((s + x.chunks * a, s + x.chunks * b),) + block[x.dim + 1:]
     a, b = split_range(e - s, parts, index)
     return block[:x.dim] + ((s + a, s + b),) + block[x.dim + 1:]
+
+
+def take_piece(t: torch.Tensor, x: Split, parts: int, index: int) -> torch.Tensor:
+    """Piece ``index`` of ``parts`` of ``t`` under split ``x`` (for a strided split: that piece of every chunk,
+    in chunk order)."""
+    if x.chunks == 1:
+        a, b = split_range(t.shape[x.dim], parts, index)
+        return t.narrow(x.dim, a, b - a)
+    c = t.shape[x.dim] // x.chunks
+    a, b = split_range(c, parts, index)
+    return torch.cat([t.narrow(x.dim, j * c + a, b - a) for j in range(x.chunks)], dim=x.dim)
+
+
+def join_pieces(pieces: Sequence[torch.Tensor], x: Split) -> torch.Tensor:
+    """The inverse of ``take_piece`` over all the pieces of an axis, in order."""
+    if x.chunks == 1:
+        return torch.cat(list(pieces), dim=x.dim)
+    per = [p.chunk(x.chunks, dim=x.dim) if p.shape[x.dim] else [p] * x.chunks for p in pieces]
+    return torch.cat([per[r][j] for j in range(x.chunks) for r in range(len(pieces))], dim=x.dim)
+
+
+def _chunked(nd_sbp: NdSbp) -> bool:
+    return any(isinstance(x, Split) and x.chunks > 1 for x in nd_sbp)
+
+
+def local_piece(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s piece of ``full`` (partial axes ignored: the value itself), nested mesh axis 0 first."""
+    coords, piece = placement.coords(rank), full
+    for axis, x in enumerate(nd_sbp):
+        if isinstance(x, Split):
+            piece = take_piece(piece, x, placement.shape[axis], coords[axis])
+    return piece
 
 
 def mesh_blocks(shape: Sequence[int], mesh_shape: Sequence[int], nd_sbp: NdSbp) -> list[Block]:
@@ -168,8 +223,10 @@ def shard(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp, what: str = "
     nd_sbp = as_nd_sbp(nd_sbp, placement.ndim, full.ndim, what)
     check_layout(full.shape, placement, nd_sbp, what, full.dtype)
     out: dict[int, torch.Tensor] = {}
+    chunked = _chunked(nd_sbp)
     for rank in placement.rank_list:
-        piece = full[block_slices(local_block(full.shape, placement, nd_sbp, rank))].clone()
+        piece = local_piece(full, placement, nd_sbp, rank).clone() if chunked else \
+            full[block_slices(local_block(full.shape, placement, nd_sbp, rank))].clone()
         if not holds_value(placement, nd_sbp, rank):
             piece = torch.zeros_like(piece)
         out[rank] = piece
@@ -206,7 +263,7 @@ def assemble(shards: Mapping[int, torch.Tensor], placement: Placement, nd_sbp: N
         for c in sorted(level):
             parents.setdefault(c[:axis], []).append(level[c])
         if isinstance(x, Split):
-            level = {k: torch.cat(v, dim=x.dim) for k, v in parents.items()}
+            level = {k: join_pieces(v, x) for k, v in parents.items()}
         elif isinstance(x, Broadcast):
             level = {k: v[0] for k, v in parents.items()}
         else:
@@ -238,10 +295,7 @@ def random_shards(full: torch.Tensor, placement: Placement, nd_sbp: NdSbp,
             sub = build(piece, axis + 1)  # one draw, copied to every coordinate of the axis
             parts = [sub] * p
         elif isinstance(x, Split):
-            parts = []
-            for i in range(p):
-                a, b = split_range(piece.shape[x.dim], p, i)
-                parts.append(build(piece.narrow(x.dim, a, b - a), axis + 1))
+            parts = [build(take_piece(piece, x, p, i), axis + 1) for i in range(p)]
         elif x.op == "sum":
             addends = [noise(piece, -4, 5) for _ in range(p - 1)]
             first = piece - sum(addends) if addends else piece

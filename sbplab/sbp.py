@@ -18,16 +18,27 @@ REDUCE_OPS = ("sum", "max", "min")
 
 @dataclass(frozen=True)
 class Split:
-    """S(dim): the tensor is cut along ``dim``, each device of the axis holds one balanced piece."""
+    """S(dim): the tensor is cut along ``dim``, each device of the axis holds one balanced piece.
+
+    ``chunks`` > 1 is a strided split, ``S(dim, chunks=k)``: ``dim`` is ``k`` equal chunks laid end to end
+    (a fused QKV layer's output: q, k, v) and each chunk is split over the axis, so a device holds its
+    piece of every chunk, in chunk order. A contiguous split would hand rank 0 all of q and part of k;
+    this one hands it its heads of q, of k and of v, and a split of the tensor into its k chunks is then
+    a plain ``S(dim)`` of each. (DTensor's ``_StridedShard(dim, split_factor=k)``; Megatron stores fused
+    QKV weights in this order.)
+    """
 
     dim: int
+    chunks: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.dim, int) or isinstance(self.dim, bool):
             raise InputTypeError(f"S(dim) needs an int dim, got {self.dim!r}")
+        if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
+            raise InputTypeError(f"S(dim, chunks) needs an int chunks >= 1, got {self.chunks!r}")
 
     def __repr__(self) -> str:
-        return f"S({self.dim})"
+        return f"S({self.dim})" if self.chunks == 1 else f"S({self.dim}, chunks={self.chunks})"
 
 
 @dataclass(frozen=True)
@@ -67,12 +78,14 @@ B = Broadcast()
 P = Partial("sum")
 
 
-def S(dim: int) -> Split:
-    """Split along tensor dimension ``dim`` (negative dims are normalised against the tensor's rank)."""
-    return Split(dim)
+def S(dim: int, chunks: int = 1) -> Split:
+    """Split along tensor dimension ``dim`` (negative dims are normalised against the tensor's rank);
+    ``chunks=k``: the strided split of ``k`` equal chunks (see ``Split``)."""
+    return Split(dim, chunks)
 
 
-_TOKEN = re.compile(r"\s*(S\s*\(\s*(-?\d+)\s*\)|B|P\s*\(\s*(sum|max|min)\s*\)|P)\s*(,|$)")
+_TOKEN = re.compile(r"\s*(S\s*\(\s*(-?\d+)\s*(?:,\s*(?:chunks\s*=\s*)?(\d+)\s*)?\)|B|P\s*\(\s*(sum|max|min)\s*\)|P)"
+                    r"\s*(,|$)")
 
 
 def _encloses(body: str) -> bool:
@@ -100,15 +113,15 @@ def parse_sbp(text: str) -> NdSbp:
         m = _TOKEN.match(body, pos)
         if not m or m.end() == pos:
             raise SbpError(
-                f"cannot parse SBP {text!r} at {body[pos:]!r}; write entries like S(0), B, P, P(max)"
+                f"cannot parse SBP {text!r} at {body[pos:]!r}; write entries like S(0), B, P, P(max), S(1, chunks=3)"
             )
         tok = m.group(1).replace(" ", "")
         if tok.startswith("S"):
-            out.append(Split(int(m.group(2))))
+            out.append(Split(int(m.group(2)), int(m.group(3) or 1)))
         elif tok == "B":
             out.append(B)
         else:
-            out.append(Partial(m.group(3) or "sum"))
+            out.append(Partial(m.group(4) or "sum"))
         pos = m.end()
     if not out:
         raise SbpError(f"empty SBP string {text!r}")
@@ -155,7 +168,7 @@ def normalize_split(x: SbpParallel, tensor_ndim: int, what: str = "tensor") -> S
             f"{what}: S({x.dim}) is out of range for a {tensor_ndim}-D tensor; "
             f"valid split dims are 0..{tensor_ndim - 1} (or -{tensor_ndim}..-1)"
         )
-    return Split(d)
+    return x if d == x.dim else Split(d, x.chunks)
 
 
 def fmt_sbp(nd: Sequence[SbpParallel] | SbpParallel) -> str:
@@ -174,3 +187,8 @@ def is_partial(x: SbpParallel) -> bool:
 
 def is_split(x: SbpParallel) -> bool:
     return isinstance(x, Split)
+
+
+def is_chunked(x: SbpParallel) -> bool:
+    """A strided split ``S(dim, chunks=k)`` with k > 1."""
+    return isinstance(x, Split) and x.chunks > 1

@@ -29,7 +29,7 @@ def transition_kind(a: SbpParallel, b: SbpParallel) -> str | None:
 
     ``P(x) -> P(y)`` with x != y has no direct step; a route goes through B.
     """
-    found = kinds_between(a, b)
+    found = step_kinds(a, b)
     return found[0].name if found else None
 
 
@@ -121,7 +121,12 @@ RING_STEPS = {name: k.rounds(2) for name, k in KINDS.items() if k.is_collective}
 
 @lru_cache(maxsize=1024)
 def step_kinds(old: SbpParallel, new: SbpParallel) -> tuple[StepKind, ...]:
-    """``kinds_between``, asked once per pair: every priced step asks it."""
+    """``kinds_between``, asked once per pair: every priced step asks it. A strided split
+    (``S(d, chunks=k)``) has no step to or from it yet: the kinds move contiguous pieces, and a gather of
+    strided pieces would leave the chunks interleaved, so such a layout is only ever made and read by ops
+    (a fused layer's weight, its output until it is cut into its chunks, their gradients)."""
+    if old != new and any(isinstance(x, Split) and x.chunks > 1 for x in (old, new)):
+        return ()
     return kinds_between(old, new)
 
 

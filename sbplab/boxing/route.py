@@ -111,6 +111,12 @@ def _dijkstra(g: StateGraph, start: int, target: int | None = None, backward: bo
 
 
 def _unreachable(src: NdSbp, dst: NdSbp, shape, mesh_shape) -> BoxingError:
+    strided = [x for x in (*src, *dst) if getattr(x, "chunks", 1) > 1]
+    if strided:
+        return BoxingError(
+            f"no boxing route from {fmt_sbp(src)} to {fmt_sbp(dst)} for shape {shape} on a {mesh_shape} mesh: "
+            f"a strided split ({strided[0]!r}) is made and read only by ops (a fused layer and the split into its "
+            f"chunks); no collective moves it yet. Use S({strided[0].dim}) or B for this tensor")
     return BoxingError(
         f"no boxing route from {fmt_sbp(src)} to {fmt_sbp(dst)} for shape {shape} on a {mesh_shape} mesh: "
         f"every intermediate layout would leave some rank an empty shard or break split nesting"

@@ -180,7 +180,9 @@ def one_d_signatures(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict) -> 
     out_metas = op.infer(in_metas, attrs)
     all_b = Signature(tuple(B for _ in in_metas), tuple(B for _ in out_metas))
     seen: dict[Signature, None] = {all_b: None}
-    for sig in op.signatures(in_metas, attrs):
+    from .chunked import lift  # strided splits (S(d, chunks=k)) where the op treats a dim's positions alike
+
+    for sig in lift(op.name, op.signatures(in_metas, attrs), in_metas, out_metas):
         if not all(partial_ok(x, m.dtype) for x, m in [*zip(sig.inputs, in_metas), *zip(sig.outputs, out_metas)]):
             continue  # no partial bools, no P(max)/P(min) of complex values (layout.partial_ok)
         norm = Signature(

@@ -25,6 +25,7 @@ import difflib
 from collections.abc import Callable
 
 from ...boxing import BoxingPlan, plan_boxing
+from ...boxing.route import BoxingError
 from ...fmt import fmt_time
 from ...gc_pause import without_gc
 from ...hardware import Hardware
@@ -32,7 +33,7 @@ from ...layout import LayoutError, check_layout
 from ...ops.choose import BoxingCost, RankedSignature
 from ...ops.registry import NdSignature
 from ...placement import Placement
-from ...sbp import B, Broadcast, NdSbp, Partial, Split, fmt_sbp
+from ...sbp import B, Broadcast, NdSbp, Partial, Split, fmt_sbp, is_chunked
 from ..ir import Graph, OpNode
 from .caches import COSTS, PLANS
 from .decisions import Boxing, OpChoice
@@ -79,7 +80,12 @@ class Deduction:
             key = (m.shape, m.dtype, src, dst, src_pl.shape, src_pl.device_type, self.hardware)
             c = COSTS.get(key)
             if c is None:
-                c = COSTS.put(key, BoxingCost.of(self.plan(tensor, src, dst, src_pl, dst_pl)))
+                try:
+                    c = COSTS.put(key, BoxingCost.of(self.plan(tensor, src, dst, src_pl, dst_pl)))
+                except BoxingError:  # a strided split has no route yet: a signature never chosen
+                    if not any(is_chunked(x) for x in (*src, *dst)):
+                        raise
+                    c = COSTS.put(key, BoxingCost(1e9, 0, 1))  # a billion seconds: never the cheapest
             return c
         return BoxingCost.of(self.plan(tensor, src, dst, src_pl, dst_pl))
 

@@ -158,23 +158,56 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, g) for g in globs)
 
 
-def _column_split(graph: Graph, op: OpNode, mesh: Placement) -> int | None:
-    """The dim the output is split on when the weight is split by output features and the data ``B``."""
+def _column_split(graph: Graph, op: OpNode, mesh: Placement) -> Split | None:
+    """The split of the output when the weight is split by output features and the data ``B`` (strided,
+    ``S(d, chunks=k)``, for a fused layer whose output is cut into k parts: ``fused_chunks``)."""
     use = linear_use(graph, op)
+    k = fused_chunks(graph, op)
     for sig in _sigs(graph, op, mesh):
         ins, (out, *_) = [x[0] for x in sig.inputs], [x[0] for x in sig.outputs]
-        if (ins[use.data] == B and ins[use.weight] == Split(use.w_out) and isinstance(out, Split)
-                and len(sig.outputs) == 1):
-            return out.dim
+        if (ins[use.data] == B and ins[use.weight] == Split(use.w_out, k) and isinstance(out, Split)
+                and out.chunks == k and len(sig.outputs) == 1):
+            return out
     return None
 
 
-def _row_accepts(graph: Graph, op: OpNode, dim: int, mesh: Placement) -> bool:
-    """Whether the data split on ``dim`` and the weight split on its contracted dim make a partial sum."""
+SPLITS = ("aten.split.Tensor", "aten.split_with_sizes.default")
+FUSED_PATH = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.add.Tensor",
+              "aten._to_copy.default", "aten.clone.default")
+
+
+def fused_chunks(graph: Graph, op: OpNode, depth: int = 4) -> int:
+    """k when ``op``'s output (a fused QKV layer's: (..., 3C)) reaches, through reshapes that keep its
+    features whole, a bias add or a cast, a split of those features into k equal parts (q, k and v)
+    with k a chunk count the rules lift (``ops.chunked.CHUNKS``); else 1."""
+    from ...ops.aten._common import arg, norm_dim
+    from ...ops.aten.family_shape import equal_parts, split_sizes
+
+    name = op.outputs[0]
+    n = graph.tensors[name].shape[-1]
+    for _ in range(depth):
+        readers = [r for r in graph.consumers(name) if r.phase == "forward"]
+        if len(readers) != 1:
+            return 1
+        r = readers[0]
+        shape = graph.tensors[r.inputs[0]].shape
+        if r.type in SPLITS and r.inputs[0] == name:
+            dim = norm_dim(arg(r.attrs, 2, "dim", 0), len(shape))
+            if dim == len(shape) - 1 and shape[dim] == n:
+                return equal_parts(n, split_sizes(r.type, n, r.attrs)) or 1
+            return 1
+        if r.type not in FUSED_PATH or graph.tensors[r.outputs[0]].shape[-1] != n:
+            return 1
+        name = r.outputs[0]
+    return 1
+
+
+def _row_accepts(graph: Graph, op: OpNode, split: Split, mesh: Placement) -> bool:
+    """Whether the data split as ``split`` and the weight split on its contracted dim make a partial sum."""
     use = linear_use(graph, op)
     for sig in _sigs(graph, op, mesh):
         ins, outs = [x[0] for x in sig.inputs], [x[0] for x in sig.outputs]
-        if ins[use.data] == Split(dim) and ins[use.weight] == Split(use.w_in) and all(isinstance(o, Partial) for o in outs):
+        if ins[use.data] == split and ins[use.weight] == Split(use.w_in) and all(isinstance(o, Partial) for o in outs):
             return True
     return False
 
@@ -193,7 +226,7 @@ def _keeping_signature(graph: Graph, op: OpNode, split: dict[str, int], mesh: Pl
     """A signature reading split inputs as they are and the rest ``B``, with only split outputs. An input
     in ``sliceable`` (whole on every rank: a replicated KV head's tensor) may also be read split, since
     taking a slice of a whole tensor costs nothing."""
-    want = tuple((Split(split[t]),) if t in split else (B,) for t in op.inputs)
+    want = tuple((split[t],) if t in split else (B,) for t in op.inputs)
     for sig in _sigs(graph, op, mesh):
         if not all(isinstance(o[0], Split) for o in sig.outputs):
             continue
@@ -207,7 +240,7 @@ RESHAPES = ("view", "reshape", "aten.view.default", "aten._unsafe_view.default",
 
 
 def _no_keep_reason(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement) -> str:
-    have = ", ".join(f"{t} S({split[t]})" if t in split else f"{t} B" for t in op.inputs)
+    have = ", ".join(f"{t} {split[t]!r}" if t in split else f"{t} B" for t in op.inputs)
     valid = [one_d(s) for s in _sigs(graph, op, mesh)][:6]
     heads = _heads_reason(graph, op, split, mesh.size)
     return (f"{op.type} {op.name!r} cannot keep the split without communication: "
@@ -219,7 +252,9 @@ def _heads_reason(graph: Graph, op: OpNode, split: dict[str, int], tp: int) -> s
     """A reshape of split features into (heads, head_dim) whose heads do not divide ``tp``: said in words."""
     if op.type not in RESHAPES or op.inputs[0] not in split:
         return None
-    d = split[op.inputs[0]]
+    if split[op.inputs[0]].chunks > 1:
+        return None
+    d = split[op.inputs[0]].dim
     shape_in, shape_out = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
     if len(shape_out) <= len(shape_in) or tuple(shape_out[:d]) != tuple(shape_in[:d]):
         return None
@@ -289,7 +324,7 @@ def _find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size
     unmatched = [g for g in (*column, *row) if not any(m and fnmatch.fnmatchcase(m, g) for m in modules.values())]
     is_row = {op.name for op in fwd if modules[op.name] and _matches(modules[op.name], row)}
     groups = _Groups()
-    split: dict[str, int] = {}  # tensor -> split dim, while it flows from a column layer
+    split: dict[str, Split] = {}  # tensor -> its split, while it flows from a column layer
     owner: dict[str, int] = {}  # tensor -> group id
     origin: dict[str, frozenset[str]] = {}  # tensor -> the column ops whose split it carries
     sliceable: set[str] = set()  # whole tensors computed only from columns kept whole: read split for free
@@ -305,7 +340,7 @@ def _find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size
                     too_small.append(op.name)
                     continue
                 gid = groups.new(op.name)
-                split[op.outputs[0]], owner[op.outputs[0]] = dim, gid
+                split[op.outputs[0]], owner[op.outputs[0]] = dim, gid  # type: ignore[assignment]
                 origin[op.outputs[0]] = frozenset({op.name})
             elif any(t in sliceable for t in op.inputs) and not linear_use(graph, op):
                 sliceable.update(op.outputs)
@@ -319,7 +354,7 @@ def _find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size
                 g.rows.append(op.name)
             else:
                 g.broken = g.broken or (f"row layer {op.name!r} cannot take its input split "
-                                        f"S({split[op.inputs[use.data]]}) with its weight split by input features")
+                                        f"{split[op.inputs[use.data]]!r} with its weight split by input features")
                 g.culprits |= came
             continue
         sig = _keeping_signature(graph, op, split, mesh, sliceable)
@@ -331,7 +366,7 @@ def _find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size
             continue
         g.path.append((op.name, op.type, one_d(sig)))
         for o, s in zip(op.outputs, sig.outputs):
-            split[o], owner[o], origin[o] = s[0].dim, gid, came
+            split[o], owner[o], origin[o] = s[0], gid, came
     for t, gid in owner.items():
         g = groups.group[groups.find(gid)]
         readers = graph.consumers(t)

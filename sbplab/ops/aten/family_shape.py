@@ -9,8 +9,10 @@ Shape ops are linear, so they all pass P.
 
 from __future__ import annotations
 
-from ..registry import Signature, TensorMeta
-from ._common import B, P, S, arg, norm_dim, sig
+from ...sbp import Split
+from ..chunked import CHUNKS
+from ..registry import LocalContext, Signature, TensorMeta
+from ._common import B, P, S, arg, norm_dim, sig, with_arg
 
 
 def view_groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
@@ -103,6 +105,8 @@ def cat_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -
     parts = [m for m in ins if len(m.shape) == nd]  # torch.cat skips 1-D empty tensors
     sigs = [sig([S(d) if len(m.shape) == nd else B for m in ins], [S(d)]) for d in range(nd)
             if d != dim and outs[0].shape[d] > 1 and all(m.shape[d] == outs[0].shape[d] for m in parts)]
+    if len(parts) == len(ins) and equal_parts(outs[0].shape[dim], [m.shape[dim] for m in ins]):
+        sigs.append(sig([S(dim)] * len(ins), [Split(dim, len(ins))]))  # q, k, v grads back into the fused one
     return sigs + [sig([P] * len(ins), [P])]
 
 
@@ -120,3 +124,42 @@ def pad_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -
     padded = {nd - 1 - i // 2 for i, p in enumerate(pad) if p != 0}
     sigs = [sig([S(d)], [S(d)]) for d in range(nd) if d not in padded and ins[0].shape[d] > 1]
     return sigs + ([sig([P], [P])] if arg(attrs, 2, "value", 0) == 0 else [])
+
+
+def equal_parts(n: int, sizes: list[int]) -> int:
+    """How many equal parts ``sizes`` cuts ``n`` into (0 when they are not equal or not a chunk count we lift)."""
+    return len(sizes) if len(sizes) in CHUNKS and sum(sizes) == n and len(set(sizes)) == 1 else 0
+
+
+def split_sizes(name: str, n: int, attrs: dict) -> list[int]:
+    if name == "aten.split_with_sizes.default":
+        return list(arg(attrs, 1, "split_sizes", ()))
+    size = arg(attrs, 1, "split_size", n)
+    return [min(size, n - i) for i in range(0, n, size)] if size > 0 else []
+
+
+def split_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
+    """split / split_with_sizes: the other dims keep their split (``slice_map``); a strided split of the
+    cut dim into as many chunks as the op makes equal parts is a plain split of each part (a fused QKV
+    output cut into q, k and v: each rank's heads of each)."""
+    sigs = dim_map_signatures(ins, outs, slice_map(name, ins, attrs))
+    nd = len(ins[0].shape)
+    dim = norm_dim(arg(attrs, 2, "dim", 0), nd)
+    k = equal_parts(ins[0].shape[dim], split_sizes(name, ins[0].shape[dim], attrs))
+    return sigs + ([sig([Split(dim, k)], [S(dim)] * k)] if k else [])
+
+
+def split_localize(name: str):
+    """On a strided split of the cut dim a rank holds ``local`` elements of it, ``local / k`` of each part."""
+    def localize(attrs: dict, ctx: LocalContext) -> dict:
+        nd = len(ctx.in_metas[0].shape)
+        dim = norm_dim(arg(attrs, 2, "dim", 0), nd)
+        s, e = ctx.in_blocks[0][dim]
+        n = ctx.in_metas[0].shape[dim]
+        if e - s == n:
+            return attrs
+        k = len(split_sizes(name, n, attrs))
+        if name == "aten.split_with_sizes.default":
+            return with_arg(attrs, 1, "split_sizes", [(e - s) // k] * k)
+        return with_arg(attrs, 1, "split_size", (e - s) // k)
+    return localize

@@ -146,8 +146,10 @@ declare("shape", _ops("permute.default", "transpose.int", "t.default"),
         lambda n, i, o, a: sh.dim_map_signatures(i, o, sh.permute_map(n, i, a)))
 declare("shape", _ops("select.int", "unbind.int"), lambda n, i, o, a: sh.dim_map_signatures(
     i, o, sh.drop_dim_map(len(i[0].shape), norm_dim(arg(a, 1, "dim", 0), len(i[0].shape)))))
-declare("shape", _ops("slice.Tensor", "split.Tensor", "split_with_sizes.default", "narrow.default"),
+declare("shape", _ops("slice.Tensor", "narrow.default"),
         lambda n, i, o, a: sh.dim_map_signatures(i, o, sh.slice_map(n, i, a)))
+declare("shape", _ops("split.Tensor", "split_with_sizes.default"), sh.split_signatures, sh.split_localize,
+        note="a strided split S(d, chunks=k) cut into its k chunks is a plain split of each")
 declare("shape", _ops("slice_backward.default", "select_backward.default"),
         lambda n, i, o, a: sh.dim_map_signatures(i, o, {d: o_ for o_, d in sh.drop_dim_map(
             len(o[0].shape), norm_dim(arg(a, 2, "dim"), len(o[0].shape))).items()} if n.startswith("aten.select")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ....sbp import B, S
-from ..megatron import CASTS, TRANSPOSES, Pairing, find_pairs, linear_use, uncast, weight_module
+from ..megatron import CASTS, TRANSPOSES, Pairing, find_pairs, fused_chunks, linear_use, uncast, weight_module
 from ..signature_hints import escape
 from .base import ParallelRule, RuleUse, on_axis, stage_mesh
 
@@ -171,21 +171,26 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
     rows = [graph.op_by_name[r] for g in pairing.pairs for r in g.rows]
     col_uses = [(op, linear_use(graph, op)) for op in cols]
     row_uses = [(op, linear_use(graph, op)) for op in rows]
+    chunks = {op.name: fused_chunks(graph, op) for op in cols}  # 3: a fused QKV layer, split per head of q, k, v
+    fused = " (fused: each rank its heads of every part)"
     for c in pairing.column:
-        for dim in (0, 1):  # an nn.Linear's weight is (out, in), a Conv1D's (in, out)
-            _hint(f"{c}.weight", [u.param for _, u in col_uses if u.param_out == dim], ctx.nd(S(dim)),
-                  "Megatron column parallel", out, role="param", pin=True)
-        _hint(f"{c}.bias", [uncast(graph, op.inputs[u.bias]) for op, u in col_uses
-                            if u.bias is not None and len(op.inputs) > u.bias],
-              ctx.nd(S(0)), "Megatron column parallel", out, role="param")
+        for dim, k in {(u.param_out, chunks[op.name]) for op, u in col_uses}:  # Linear (out, in), Conv1D (in, out)
+            _hint(f"{c}.weight", [u.param for op, u in col_uses if (u.param_out, chunks[op.name]) == (dim, k)],
+                  ctx.nd(S(dim, k)), "Megatron column parallel" + (fused if k > 1 else ""), out, role="param",
+                  pin=True)
+        for k in set(chunks.values()):
+            _hint(f"{c}.bias", [uncast(graph, op.inputs[u.bias]) for op, u in col_uses
+                                if u.bias is not None and len(op.inputs) > u.bias and chunks[op.name] == k],
+                  ctx.nd(S(0, k)), "Megatron column parallel" + (fused if k > 1 else ""), out, role="param")
     for r in pairing.row:
         for dim in (0, 1):
             _hint(f"{r}.weight", [u.param for _, u in row_uses if u.param_in == dim], ctx.nd(S(dim)),
                   "Megatron row parallel", out, role="param", pin=True)
     for uses, dim in ((col_uses, "param_out"), (row_uses, "param_in")):
-        for _, u in uses:  # a captured graph reads t(weight) (through casts), its backward t(t(weight)): all split
+        for op, u in uses:  # a captured graph reads t(weight) (through casts), its backward t(t(weight)): all split
+            k = chunks.get(op.name, 1) if dim == "param_out" else 1
             for w, d in _weight_views(graph, u.param, getattr(u, dim)):
-                _hint(escape(w), [w], ctx.nd(S(d)), "Megatron: the layer reads its weight split", out, pin=True)
+                _hint(escape(w), [w], ctx.nd(S(d, k)), "Megatron: the layer reads its weight split", out, pin=True)
     if not graph.input_grads:  # a captured graph: the column inputs' gradients found from the backward ops
         what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
         for g in pairing.pairs:
