@@ -3,22 +3,31 @@
 Prints the op counts, the time of each compiler pass (trace, autodiff + optimizer, deduction,
 lowering, memory), wall-clock and this process's CPU time (on a shared machine the wall clock also
 counts other processes' turns; the load average is printed beside them), and the memory: the
-per-device peak the compiled step needs, and the compiler process's peak resident memory. The model is built on the meta device: compiling needs shapes, not
-weights, so no 1.2 GB of parameters are allocated. Goal: nn.Module to actor plan under 1 s and 300 MiB.
+per-device peak the compiled step needs, and the compiler process's peak resident memory. The model is
+built on the meta device: compiling needs shapes, not weights, so no 1.2 GB of parameters are
+allocated. Goals: nn.Module to actor plan under 2 s for transformers' GPT-2 24 x 1024 (seq 1024) on
+2x4, under 3 s for a 32-layer Llama.
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2   # transformers' own model, captured at ATen level
     .venv/bin/python benchmarks/bench_compile.py --hf llama --layers 32 --width 4096 --heads 32 --vocab 32000
+    .venv/bin/python benchmarks/bench_compile.py --hf gpt2 --compare   # identical layers once vs every layer
 
 With ``--hf``, the first pass is the ATen capture (torch.export and torch's autograd on fake tensors,
-then the optimizer) of a transformers model built from its config on the meta device.
+then the optimizer) of a transformers model built from its config on the meta device; a stack of
+identical layers is captured once and copied (``layer_repeat``), ``--whole`` captures every layer.
+``--compare`` runs both, each in a fresh process, and prints their passes side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import resource
+import subprocess
+import sys
 import time
 
 import torch
@@ -40,7 +49,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--mesh", default="2x4", help="dp x tp")
     ap.add_argument("--hf", choices=("gpt2", "llama"), help="a transformers model, captured at ATen level")
+    ap.add_argument("--whole", action="store_true", help="capture every layer (no identical-layer repeat)")
+    ap.add_argument("--compare", action="store_true", help="identical layers once vs every layer, side by side")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.compare:
+        _compare()
+        return
     dp, tp = (int(x) for x in args.mesh.split("x"))
     cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
                     n_embd=args.width)
@@ -64,9 +79,12 @@ def main() -> None:
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0, c0 = clock = [time.perf_counter(), time.process_time()]
     if args.hf:
+        from sbplab.compiler.frontend.layer_repeat import whole_capture
+
         with torch.device("meta"):
             ids = torch.zeros(args.batch, args.seq, dtype=torch.int64)
-        graph = aten_training_graph(model, {"input_ids": ids, "labels": ids}, None, None, 1, Adam(lr=1e-4))
+        with whole_capture() if args.whole else contextlib.nullcontext():
+            graph = aten_training_graph(model, {"input_ids": ids, "labels": ids}, None, None, 1, Adam(lr=1e-4))
         done("ATen capture (export, joint graph) + optimizer")
     else:
         graph = from_torch(model, (idx,), GPT.loss_fn, idx)
@@ -85,6 +103,10 @@ def main() -> None:
     total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
+    if args.json:
+        print(json.dumps({"times": times, "cpu": cpu, "total": total, "total_cpu": total_cpu, "rss": rss,
+                          "ops": len(graph.ops), "instances": len(phys.nodes), "load": os.getloadavg()[0]}))
+        return
     n = {ph: len(graph.ops_in(ph)) for ph in ("forward", "backward", "update")}
     print(f"{args.hf or 'GPT'} {args.layers} layers, width {args.width}, {args.heads} heads, vocab {args.vocab}, "
           f"seq {args.seq}, batch {args.batch}; Adam; DP x TP on a {dp}x{tp} mesh")
@@ -97,13 +119,37 @@ def main() -> None:
     core = sum(v for k, v in times.items() if not k.startswith(("trace", "autodiff", "ATen")))
     print(f"  {'total':36s} {total * 1e3:8.1f} ms {total_cpu * 1e3:8.1f} ms")
     print(f"deduce + lower + memory + actor plan: {core:.2f} s; nn.Module to actor plan {total:.2f} s "
-          f"(goal < 1 s); {sum(len(rp.actors) for rp in plan.ranks.values())} actors")
+          f"(goals: GPT-2 24 layers < 2 s, Llama 32 layers < 3 s); "
+          f"{sum(len(rp.actors) for rp in plan.ranks.values())} actors")
     peak = max(m.peak for m in mem.ranks.values())
     print(f"per-device peak memory of the step: {peak / 2**30:.2f} GiB (params "
           f"{mem.ranks[0].params / 2**30:.2f}, optimizer state {mem.ranks[0].optimizer_state / 2**30:.2f}, "
           f"activations {mem.ranks[0].activations_peak / 2**30:.2f} GiB on rank 0)")
     print(f"compiler process peak RSS (torch included): {rss / 2**20:.0f} MiB; before compiling (torch, sbplab "
           f"and the meta-device model imported and built): {rss_before / 2**20:.0f} MiB")
+
+
+def _compare() -> None:
+    """This benchmark's arguments run twice, each in a fresh process: identical layers captured once,
+    then every layer; passes side by side (CPU seconds of this process, wall clock in brackets)."""
+    argv = [a for a in sys.argv[1:] if a != "--compare"]
+    runs = {}
+    for route, extra in (("layers once", []), ("every layer", ["--whole"])):
+        p = subprocess.run([sys.executable, __file__, *argv, *extra, "--json"], capture_output=True, text=True)
+        if p.returncode:
+            print(f"{route}: failed: {p.stderr.strip().splitlines()[-1][:200]}")
+            return
+        runs[route] = json.loads(p.stdout.strip().splitlines()[-1])
+    a, b = runs["layers once"], runs["every layer"]
+    print(f"{' '.join(argv)}: cpu s (wall s); load average {a['load']:.1f} / {b['load']:.1f} on "
+          f"{os.cpu_count()} cores")
+    print(f"  {'pass':48s} {'layers once':>18s} {'every layer':>18s}")
+    for k in a["times"]:
+        print(f"  {k:48s} {a['cpu'][k]:8.2f} ({a['times'][k]:6.2f}) {b['cpu'][k]:8.2f} ({b['times'][k]:6.2f})")
+    print(f"  {'nn.Module to actor plan':48s} {a['total_cpu']:8.2f} ({a['total']:6.2f}) "
+          f"{b['total_cpu']:8.2f} ({b['total']:6.2f})")
+    print(f"  logical ops {a['ops']} / {b['ops']}; physical op instances {a['instances']} / {b['instances']}; "
+          f"peak RSS {a['rss'] / 2**20:.0f} / {b['rss'] / 2**20:.0f} MiB")
 
 
 def _hf_model(args: argparse.Namespace) -> torch.nn.Module:

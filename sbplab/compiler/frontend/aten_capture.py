@@ -42,6 +42,7 @@ from ..ir import Graph, GraphError
 from .aten_decomp import decompositions
 from .fx_trace import source_of
 from .layer_repeat import cut_to, find_layer_stack, repeat_layers
+from .layer_repeat import enabled as repeat_enabled
 from .vocab_cross_entropy import VocabShardedCrossEntropy
 
 SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
@@ -152,10 +153,10 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
     micro-batches). ``autocast``: a dtype to capture under ``torch.autocast`` (mixed precision: its
     casts become ops of the graph, see ``training/precision_pass.py``). ``repeat``: capture a stack of
     identical layers once and copy it (``layer_repeat``; the graph is the same node for node); False
-    captures every layer."""
+    (or ``layer_repeat.whole_capture()``) captures every layer."""
     flat = (*args, *kwargs.values(), *targets)
     names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
-    stack = find_layer_stack(model) if repeat else None
+    stack = find_layer_stack(model) if repeat and repeat_enabled() else None
     if stack is not None:  # identical layers: capture three, copy the middle one (layer_repeat.py)
         with cut_to(model, stack):
             gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), autocast)

@@ -33,6 +33,24 @@ MIN_LAYERS = 5  # below this a whole capture costs about as much as three layers
 KEPT = 3  # layers captured: the first, one middle layer (the template), the last
 
 
+_ENABLED = [True]
+
+
+@contextlib.contextmanager
+def whole_capture() -> Iterator[None]:
+    """Capture every layer inside this block (the reference the repeated route is measured against)."""
+    before = _ENABLED[0]
+    _ENABLED[0] = False
+    try:
+        yield
+    finally:
+        _ENABLED[0] = before
+
+
+def enabled() -> bool:
+    return _ENABLED[0]
+
+
 @dataclass(frozen=True)
 class LayerStack:
     """A list of identical layers: ``path`` of the ``nn.ModuleList`` in the model, ``n`` children."""
