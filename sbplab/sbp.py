@@ -113,7 +113,7 @@ def parse_sbp(text: str) -> NdSbp:
         m = _TOKEN.match(body, pos)
         if not m or m.end() == pos:
             raise SbpError(
-                f"cannot parse SBP {text!r} at {body[pos:]!r}; write entries like S(0), B, P, P(max), S(1, chunks=3)"
+                f"cannot parse SBP {text!r} at {body[pos:]!r}; write entries like S(0), B, P, P(max)"
             )
         tok = m.group(1).replace(" ", "")
         if tok.startswith("S"):
