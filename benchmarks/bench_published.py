@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import sbplab as sl
 from sbplab.models import GPT, GPTConfig
 from sbplab.models.gpt import CausalSelfAttention, FeedForward, causal_mask
+from sbplab.sim.framework import MEGATRON_LM_2021
 from sbplab.sim.predict import plan_of, simulate_plan
 from sbplab.sim.step_pricing import pricing_of
 
@@ -104,7 +105,8 @@ def megatron_flops(row: Row) -> float:
     return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
-def run(row: Row, micro_batch: int, in_graph: bool = False, dropout: bool = True) -> dict[str, float]:
+def run(row: Row, micro_batch: int, in_graph: bool = False, dropout: bool = True,
+        framework: bool = True) -> dict[str, float]:
     dp = row.gpus // row.tp
     if GLOBAL_BATCH % (micro_batch * dp):
         raise SystemExit(f"{row.name}: global batch {GLOBAL_BATCH} is not a multiple of micro-batch {micro_batch} "
@@ -121,10 +123,11 @@ def run(row: Row, micro_batch: int, in_graph: bool = False, dropout: bool = True
         step = replace(step, strategy=replace(step.strategy, precision=mixed))
     t1 = time.perf_counter()
     plan, batch, comm = plan_of(step)
-    pricing = pricing_of(step)
+    fw = MEGATRON_LM_2021 if framework else None
+    pricing = pricing_of(step, whole_layers=framework)
     t2 = time.perf_counter()
     machine = sl.Machine.a100_cluster(row.gpus // 8)
-    pred = simulate_plan(plan, machine, steps=2, batch=batch, comm=comm, pricing=pricing)
+    pred = simulate_plan(plan, machine, steps=2, batch=batch, comm=comm, pricing=pricing, framework=fw)
     t3 = time.perf_counter()
     return {"step": pred.step_time, "tflops": megatron_flops(row) / pred.step_time / row.gpus / 1e12,
             "graph": pred.tflops_per_device(with_recompute=True) or 0.0, "mfu": pred.mfu or 0.0,
@@ -139,6 +142,9 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(r.name for r in ROWS))
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--no-dropout", action="store_true", help="sbplab's GPT as it is (no dropout)")
+    ap.add_argument("--as-sbplab", action="store_true",
+                    help="predict sbplab's own runtime of the step (overlapped gradient all-reduce, pruned "
+                         "recomputation, the graph's update), not Megatron-LM's (sim/framework.py)")
     ap.add_argument("--in-graph", action="store_true",
                     help="compile the bf16 step itself (captured under torch.autocast) instead of pricing it")
     args = ap.parse_args()
@@ -149,7 +155,7 @@ def main() -> None:
           f"{'graph TF':>8} {'MFU':>6} {'tokens/s':>9} {'exp.comm s':>10} {'compile s':>9} {'lower s':>7} "
           f"{'sim s':>6} {'total s':>7} {'cpu s':>6}   (wall seconds; cpu: this process's, load {os.getloadavg()[0]:.1f})")
     for row in rows:
-        r = run(row, args.micro_batch, args.in_graph, not args.no_dropout)
+        r = run(row, args.micro_batch, args.in_graph, not args.no_dropout, not args.as_sbplab)
         print(f"{row.name:>5} {row.gpus:>4} {row.tp:>2} {r['M']:>2} {r['step']:>7.3f} {r['tflops']:>11.1f} "
               f"{row.published:>9.0f} {r['tflops'] / row.published:>6.3f} {r['graph']:>8.1f} {r['mfu']:>6.1%} "
               f"{r['tokens']:>9,.0f} {r['comm']:>10.3f} {r['compile']:>9.1f} {r['lower']:>7.1f} {r['simulate']:>6.1f} "

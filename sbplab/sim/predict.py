@@ -13,14 +13,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from ..gc_pause import gc_paused
-from ..hardware import Hardware
+from ..hardware import Hardware, op_key
 from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
 from ..runtime.fusion import fuse_chains
+from ..runtime.memory_peak import categories as categories_of
+from ..runtime.specs import State
 from .comm_time import CommInfo
 from .engine import Engine
 from .firing_cost import FiringCost, comm_cost, compute_cost, device_of
+from .framework import Framework, overlapped_seconds
 from .memory_model import warn_capacity
 from .prediction import Prediction, memory_fields
 from .register_memory import held_between_steps, peak_memory
@@ -72,8 +77,8 @@ def _check(plan: ActorPlan, hw: Hardware, steps: int) -> None:
         raise SimulationError(f"plan {plan.name!r} has no actors on any of its {plan.world_size} ranks")
 
 
-def simulate(step: Any, hw: Hardware, *, steps: int = 3,
-             feeds: Mapping[str, Any] | None = None) -> Prediction:
+def simulate(step: Any, hw: Hardware, *, steps: int = 3, feeds: Mapping[str, Any] | None = None,
+             framework: Framework | None = None) -> Prediction:
     """Simulate ``steps`` training steps of ``step`` (a Compiled step or an ActorPlan) on ``hw``.
 
     feeds: for a hand-built plan with Source actors, each feed's batch (a tensor or a shape), as it
@@ -83,22 +88,28 @@ def simulate(step: Any, hw: Hardware, *, steps: int = 3,
     compute at once than there are cores, and slows transfers that start while the cores compute
     (where the calibration measured it); it applies to CPU plans only (a GPU rank has its own device).
     A device-free step (a preset compiled without ``device=``) runs on ``hw``'s device (``device_of``).
+    framework: predict another framework's run of the step (``sim/framework.py``: what it does beyond
+        the graph, e.g. ``MEGATRON_LM_2021``); None: sbplab's runtime.
     A rank whose predicted peak exceeds ``hw``'s device memory (a Machine's device model) is named in a
     ``MemoryCapacityWarning``.
     """
     plan, batch, known = plan_of(step)
     batch.update(batch_shapes(feeds))
-    return simulate_plan(plan, hw, steps=steps, batch=batch, comm=known, pricing=pricing_of(step))
+    whole = framework is not None and framework.recompute_whole_layer
+    return simulate_plan(plan, hw, steps=steps, batch=batch, comm=known, pricing=pricing_of(step, whole),
+                         framework=framework)
 
 
 def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mapping[str, TensorMeta] | None = None,
-                  comm: Mapping[str, CommInfo] | None = None, pricing: StepPricing | None = None) -> Prediction:
+                  comm: Mapping[str, CommInfo] | None = None, pricing: StepPricing | None = None,
+                  framework: Framework | None = None) -> Prediction:
     """``simulate`` on a plan already lowered (``plan_of`` gives plan, batch shapes and ``comm``, what the
     compiler knows of each collective; ``pricing_of(step)`` the step's precision, recomputation and
-    work), so lowering can be timed or cached apart from simulating."""
+    work; ``pricing_of(step, framework.recompute_whole_layer)`` with a ``framework``), so lowering can be
+    timed or cached apart from simulating."""
     _check(plan, hw, steps)
     with gc_paused():  # the simulation's many small objects all live until it ends
-        return _simulate(plan, hw, steps, dict(batch or {}), dict(comm or {}), pricing)
+        return _simulate(plan, hw, steps, dict(batch or {}), dict(comm or {}), pricing, framework)
 
 
 def _add_recompute(plan: ActorPlan, costs: dict[int, list[FiringCost]], redo: frozenset) -> None:
@@ -118,8 +129,31 @@ def _add_recompute(plan: ActorPlan, costs: dict[int, list[FiringCost]], redo: fr
             row[i] = replace(c, seconds=(c.seconds - c.overhead) * f + c.overhead)
 
 
+def _add_optimizer_traffic(plan: ActorPlan, costs: dict[int, list[FiringCost]], shapes: dict, hw: Hardware,
+                           device: str, per_param: float) -> None:
+    """Per rank, the seconds of ``per_param`` bytes per parameter element it keeps (a framework's optimizer
+    traffic beyond the graph's update), spread over the rank's update kernels in proportion to their own."""
+    for r, rp in plan.ranks.items():
+        cats = categories_of(rp.actors)
+        numel = sum(m.numel for a in rp.actors if isinstance(a, State) and cats[(a.name, 0)] == "parameters"
+                    for m in shapes[r][a.name].outputs)
+        row = costs[r]
+        upd = [i for i, a in enumerate(rp.actors) if a.lane != "comm" and a.phase == "update"
+               and (row[i].measured or row[i].modelled)]
+        total = sum(row[i].seconds - row[i].overhead for i in upd)
+        if not numel or total <= 0:
+            continue
+        extra, _ = hw.op_time(op_key("optimizer_traffic", [], "float32", device), 0.0, numel * per_param,
+                              torch.float32)
+        f = 1 + extra / total
+        for i in upd:
+            c = row[i]
+            row[i] = replace(c, seconds=(c.seconds - c.overhead) * f + c.overhead)
+
+
 def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, TensorMeta],
-              known: dict[str, CommInfo], pricing: StepPricing | None = None) -> Prediction:
+              known: dict[str, CommInfo], pricing: StepPricing | None = None,
+              framework: Framework | None = None) -> Prediction:
     M = plan.micro_batches
     device = plan.device_type or device_of(hw)  # a device-free plan runs on the hardware's device
     low = pricing.compute_dtype if pricing is not None else None
@@ -138,6 +172,8 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
         sent[r] = [c.nbytes for c in row_c]
     if pricing is not None and pricing.recomputed:
         _add_recompute(plan, costs, pricing.recomputed)
+    if framework is not None and framework.optimizer_bytes_per_param > 0:
+        _add_optimizer_traffic(plan, costs, shapes, hw, device, framework.optimizer_bytes_per_param)
     classes = rank_classes(plan, costs, shapes)
     for r in classes:  # the ranks simulated: the runtime fires a fused chain as one actor, so its parts
         row_c = costs[r]  # after the first pay no firing overhead
@@ -151,6 +187,15 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     mem = peak_memory(firings, {r: plan.ranks[r].actors for r in classes}, shapes, hi)
     kept = {r: held_between_steps(plan.ranks[r].actors, shapes[r]) for r in classes}
     per_rep = rank_breakdown(firings, list(classes), lo, hi, n)
+    if framework is not None and framework.grad_reduce_after_backward:  # the overlap becomes a serial tail
+        tail = {r: overlapped_seconds(firings, r, {i for i, a in enumerate(plan.ranks[r].actors) if a.lane == "comm"
+                                                   and a.phase == "backward" and a.scope == "step"}, lo, hi) / n
+                for r in classes}
+        longest = max(tail.values(), default=0.0)
+        for r, t in tail.items():
+            per_rep[r]["exposed communication"] += t
+            per_rep[r]["idle"] += longest - t
+        hi += longest * n
     rep_of = {m: r for r, ms in classes.items() for m in ms}
     peak, parts, at = memory_fields({m: mem[rep_of[m]] for m in plan.ranks})
     warn_capacity(peak, hw, stacklevel=5)

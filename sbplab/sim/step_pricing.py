@@ -91,8 +91,10 @@ def _tokens_and_samples(g: Any, M: int) -> tuple[int, int]:
     return 0, 0
 
 
-def pricing_of(step: Any) -> StepPricing | None:
-    """The pricing of a Compiled step (None for a bare ActorPlan: priced as its actors say)."""
+def pricing_of(step: Any, whole_layers: bool = False) -> StepPricing | None:
+    """The pricing of a Compiled step (None for a bare ActorPlan: priced as its actors say).
+    ``whole_layers``: ``recompute="full"`` reruns every forward op of a layer, also those the graph's
+    recomputation left out because the backward does not read them (``Framework.recompute_whole_layer``)."""
     g, phys, strategy = getattr(step, "graph", None), getattr(step, "physical", None), getattr(step, "strategy", None)
     if g is None or phys is None:
         return None
@@ -113,6 +115,10 @@ def pricing_of(step: Any) -> StepPricing | None:
             if (mode == "full" and _LAYER.match(op.module or "")) or (mode == "selective" and _is_attention_core(g, op)):
                 redo.add(op.name)
         re_flops = sum(_op_flops(g, op) for op in fwd if op.name in redo)
+    elif mode == "full" and whole_layers:  # the layer ops the graph did not clone run again too
+        cloned = {op.name[:-len(RECOMPUTE_SUFFIX)] for op in clones}
+        redo = {op.name for op in fwd if _LAYER.match(op.module or "") and op.name not in cloned}
+        re_flops += sum(_op_flops(g, op) for op in fwd if op.name in redo)
     recomputed = frozenset((n.rank, f"n{n.id}") for n in phys.nodes
                            if n.kind == "compute" and n.phase == "forward" and n.logical in redo) if redo else frozenset()
     tokens, samples = _tokens_and_samples(g, M)
