@@ -9,7 +9,6 @@ thread that needs it and no other. Outputs live in registers until every consume
 
 from __future__ import annotations
 
-import heapq
 import importlib
 import threading
 import time
@@ -26,7 +25,7 @@ from .actor_plan import RankPlan
 from .actors import FusedB, make_behaviour
 from .buffers import BufferPools
 from .comm import Comm
-from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph
+from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph, ReadyQueue
 from .fusion import fuse_chains
 from .lanes import CommFailure, CommLane, Streams
 from .memory_peak import MemoryMeter
@@ -232,17 +231,8 @@ class Executor:
 
     def _loop(self) -> None:
         g, spec, lane = self.graph, self.spec, self.lane
-        ready: list[tuple[int, int, int, int]] = []  # ``FiringGraph.priority``: oldest step and micro-batch first
-        queued = set()
-        compute = [n.actor.lane != "comm" for n in g.nodes]  # the comm lane's firings are posted in order below
-        nodes, can_fire, push, priority = g.nodes, g.can_fire, heapq.heappush, g.priority
-
-        def consider(i: int) -> None:
-            if i in queued or not compute[i] or not can_fire(i):
-                return
-            push(ready, priority(i))
-            queued.add(i)
-
+        ready = ReadyQueue(g)  # the compute lane's choice; the comm lane's firings are posted in order below
+        nodes, can_fire, consider = g.nodes, g.can_fire, ready.offer
         for i in range(len(g.nodes)):
             consider(i)
         cstep, cpos = 0, 0
@@ -268,8 +258,7 @@ class Executor:
                 for c in done:
                     self._complete(c, consider)
             elif ready:
-                i = heapq.heappop(ready)[-1]
-                queued.discard(i)
+                i = ready.take()
                 for t in self._fire_compute(i):
                     consider(t)
             elif lane.busy:  # nothing to compute: wait where the next progress must come from

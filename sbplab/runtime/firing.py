@@ -26,6 +26,7 @@ worked once (in simulation) cannot deadlock under other timings.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from .pipeline_order import RankSchedule
@@ -316,3 +317,33 @@ class FiringGraph:
 
     def step_of(self, node: Node, k: int) -> int:
         return k // self.micro if node.actor.scope == "micro" else k
+
+
+class ReadyQueue:
+    """A rank's compute lane's choice: the compute firings whose actors may fire now, taken lowest
+    ``FiringGraph.priority`` first. The executor, the simulator and the communication-order derivation
+    each keep one per rank, ``offer`` every actor whose counters changed and ``take`` when the lane is
+    free, so all three pick the same way."""
+
+    __slots__ = ("can_fire", "priority", "heap", "queued", "compute")
+
+    def __init__(self, graph: FiringGraph) -> None:
+        self.can_fire, self.priority = graph.can_fire, graph.priority
+        self.heap: list[tuple[int, int, int, int]] = []
+        self.queued = [False] * len(graph.nodes)
+        self.compute = [n.actor.lane != "comm" for n in graph.nodes]
+
+    def offer(self, i: int) -> None:
+        """Queue actor i's next firing if it is compute and may fire (its priority holds until it starts)."""
+        if self.compute[i] and not self.queued[i] and self.can_fire(i):
+            self.queued[i] = True
+            heapq.heappush(self.heap, self.priority(i))
+
+    def take(self) -> int:
+        """The actor whose firing the lane runs next (the caller starts it)."""
+        i = heapq.heappop(self.heap)[-1]
+        self.queued[i] = False
+        return i
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)

@@ -13,10 +13,9 @@ deadlock, and the error lists what each rank's blocked actors wait for.
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING
 
-from .firing import FiringGraph
+from .firing import FiringGraph, ReadyQueue
 from .schedule_uniform import derive_from_one, uniform_rank
 from .specs import PlanError
 
@@ -80,8 +79,7 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
     # Only actors whose counters changed can change their answer to ``can_fire`` (the rule is
     # monotone), so each tick re-checks those alone: linear in firings, not firings x actors.
     dirty = {r: set(range(len(g.nodes))) for r, g in graphs.items()}
-    ready: dict[int, list[tuple]] = {r: [] for r in graphs}  # heap of (priority, actor): compute that can fire
-    queued = {r: [False] * len(g.nodes) for r, g in graphs.items()}  # actors in ``ready``
+    ready = {r: ReadyQueue(g) for r, g in graphs.items()}  # each rank's compute lane's choice
     posted = {r: [-1] * len(g.nodes) for r, g in graphs.items()}  # firing waiting for its peers, or -1
     t = 0
     while any(g.unfinished for g in graphs.values()):
@@ -90,16 +88,15 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
             d = dirty[r]
             if not d:
                 continue
-            nodes, can_fire, is_comm, q, post, prio = g.nodes, g.can_fire, comm[r], queued[r], posted[r], g.priority
+            nodes, can_fire, is_comm, offer, post, prio = g.nodes, g.can_fire, comm[r], ready[r].offer, posted[r], \
+                g.priority
             for i in sorted(d):
                 n = nodes[i]
                 k = n.started
                 if k >= n.total:  # finished: ``can_fire`` says no
                     continue
                 if not is_comm[i]:
-                    if not q[i] and can_fire(i):  # its priority holds until it starts
-                        q[i] = True
-                        heapq.heappush(ready[r], (prio(i), i))
+                    offer(i)
                     continue
                 if post[i] == k or not can_fire(i):
                     continue
@@ -125,8 +122,7 @@ def _simulate(plan: ActorPlan, graphs: dict[int, FiringGraph]) -> tuple[CommSlot
                 events.append((r, i, k))
         for r, g in graphs.items():
             if busy_until[r] <= t and ready[r]:
-                i = heapq.heappop(ready[r])[1]
-                queued[r][i] = False
+                i = ready[r].take()
                 k = g.start(i)
                 dirty[r].add(i)
                 busy_until[r] = t + 1

@@ -18,10 +18,9 @@ simulation runs. A deadlock is left to the full simulation too, which reports it
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING
 
-from .firing import FiringGraph
+from .firing import FiringGraph, ReadyQueue
 from .specs import Collective, State
 
 if TYPE_CHECKING:
@@ -105,8 +104,7 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
                               for rp in busy})
     order: list[CommSlot] = []
     dirty = set(range(len(nodes)))
-    ready: list[tuple] = []
-    queued = [False] * len(nodes)
+    ready = ReadyQueue(g)  # the compute lane's choice
     while g.unfinished:
         posts = []
         for i in sorted(dirty):
@@ -115,9 +113,7 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
             if k >= n.total:
                 continue
             if not comm[i]:
-                if not queued[i] and can_fire(i):
-                    queued[i] = True
-                    heapq.heappush(ready, (g.priority(i), i))
+                ready.offer(i)
                 continue
             if can_fire(i):  # every member posts it now too, so it completes now
                 posts.append((i, k))
@@ -134,8 +130,7 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
         for (_, (_, name, m)), _, members in sorted(written):
             order.extend([CommSlot(r, name, m) for r in members])
         if ready:
-            i = heapq.heappop(ready)[1]
-            queued[i] = False
+            i = ready.take()
             events.append((i, g.start(i)))
             dirty.add(i)
         if not events:

@@ -32,7 +32,7 @@ from array import array
 from dataclasses import dataclass
 
 from ..runtime.actor_plan import ActorPlan
-from ..runtime.firing import FiringGraph
+from ..runtime.firing import FiringGraph, ReadyQueue
 from ..runtime.specs import Collective
 from .symmetry import Lookup
 
@@ -129,9 +129,7 @@ class Engine:
         seq = 0
         now, V, busy_count = 0.0, 0.0, 0
         rate = 1.0
-        ready: dict[int, list] = {r: [] for r in self.reps}
-        queued = {r: [False] * len(g.nodes) for r, g in graphs.items()}
-        is_compute = {r: [n.actor.lane != "comm" for n in g.nodes] for r, g in graphs.items()}
+        ready = {r: ReadyQueue(g) for r, g in graphs.items()}  # each rank's compute lane's choice
         busy = {r: False for r in self.reps}
         cpos = {r: 0 for r in self.reps}
         cstep = {r: 0 for r in self.reps}
@@ -262,8 +260,7 @@ class Engine:
                     cpos[r], cstep[r] = 0, cstep[r] + 1
             rq = ready[r]
             if not busy[r] and rq:
-                i = heapq.heappop(rq)[-1]
-                queued[r][i] = False
+                i = rq.take()
                 k = g.start(i)
                 fid = new_firing(r, i, k, COMPUTE, last[r])
                 busy[r] = True
@@ -284,25 +281,19 @@ class Engine:
                 if cores is not None:
                     rate = 1.0 if busy_count <= cores else cores / max(busy_count, 1)
             g = graphs[r]
-            nodes, sr, lv, q, comp, rq = g.nodes, seen_rel[r], live[r], queued[r], is_compute[r], ready[r]
-            can_fire = g.can_fire
+            nodes, sr, lv, offer = g.nodes, seen_rel[r], live[r], ready[r].offer
             for t in g.finish(i, out_k[fid]):
                 rel = nodes[t].released
                 while sr[t] < rel:  # outputs every consumer has acked: their registers are free
                     sr[t] += 1
                     if lv[t]:
                         r_free[lv[t].pop(0)] = now
-                if comp[t] and not q[t] and can_fire(t):
-                    heapq.heappush(rq, g.priority(t))
-                    q[t] = True
+                offer(t)
             return r
 
         for r in self.reps:
-            g = graphs[r]
-            for i in range(len(g.nodes)):
-                if is_compute[r][i] and g.can_fire(i):
-                    heapq.heappush(ready[r], g.priority(i))
-                    queued[r][i] = True
+            for i in range(len(graphs[r].nodes)):
+                ready[r].offer(i)
         for r in self.reps:
             schedule(r)
         start_all()
