@@ -106,7 +106,9 @@ class TensorParallel(ParallelRule):
         lines, warns = pairing.lines(), []
         embeds, heads = ([], []) if not self.vocab else _vocab(ctx, pairing, tp)
         for kind, op, ok, why in embeds + heads:
-            done = "split" + (", its logits gathered for the loss (the group above is this layer)" if kind == "output layer"
+            logits = ", its logits split by vocabulary into the cross entropy (never gathered)" \
+                if _sharded_loss(graph, op.outputs[0]) else ", its logits gathered for the loss"
+            done = "split" + (logits + " (the group above is this layer)" if kind == "output layer"
                               else ", its partial lookups summed") if ok else f"kept whole: {why}"
             lines.append(f"{kind} {op.name} over the vocabulary: {done}")
             if not ok and "position table" not in why:
