@@ -235,6 +235,12 @@ def test_a_wait_that_cannot_finish_and_mismatched_posts_say_so():
     assert not w.is_completed()
     with pytest.raises(CommunicatorError, match="rank 1 posted broadcast as operation #0 on ranks"):
         b.broadcast(torch.ones(2), 0, (0, 1))
+    world.reset()  # forgets the half-posted all-reduce: the next operations match from the start
+    t0 = torch.zeros(2)
+    w0, w1 = a.broadcast(t0, 1, (0, 1)), b.broadcast(torch.full((2,), 7.0), 1, (0, 1))
+    w0.wait()
+    w1.wait()
+    assert w0.is_completed() and torch.equal(t0, torch.full((2,), 7.0))
     with pytest.raises(CommunicatorError, match=r"no such group"):
         a.all_gather(torch.empty(4), torch.ones(2), (1, 0))
     assert a.group([0, 1]) == (0, 1)

@@ -95,6 +95,7 @@ class LocalExecutor:
         phys, g = self.phys, self.graph
         m = phys.micro_batches
         chunks = self._chunks(feeds, m)
+        self.world.reset()  # a step that failed half-way left nothing behind
         vals: dict[int, tuple[torch.Tensor, ...]] = {}
         for name, per_rank in phys.sources.items():
             if name in self.state:

@@ -95,6 +95,14 @@ class InProcessWorld:
         self.comms = {r: InProcessCommunicator(self, r) for r in self.ranks}
         self.counts: Counter[str] = Counter()  # operations run, by name ("send_recv" for a message)
 
+    def reset(self) -> None:
+        """Forget operations posted but never completed (a step that failed half-way), keeping the groups,
+        so the next step's posts match from the start again."""
+        with self.cond:
+            self.next_seq.clear()
+            self.pending.clear()
+            self.mail.clear()
+
     def communicator(self, rank: int) -> InProcessCommunicator:
         if rank not in self.comms:
             raise CommunicatorError(f"rank {rank} is not held in this process; ranks {list(self.ranks)} are")
