@@ -27,9 +27,11 @@ class RankMemory:
 
     params, grads, optimizer_state, activations_peak: bytes per category at the peak (activations: every
     micro-batch's activations alive then, boxing buffers, activation gradients).
-    micro_batches_in_flight, forward_activations: 1 and 0: the register lifetimes already count every
-    micro-batch whose activations are alive at the peak inside ``activations_peak`` (kept so views that
-    stack "other micro-batches in flight" on top show nothing twice).
+    forward_activations: bytes of the forward outputs one micro-batch keeps for its backward (a fact of the
+        graph: what a pipeline holds per micro-batch in flight).
+    micro_batches_in_flight: 1: the register lifetimes already count every micro-batch whose activations
+        are alive at the peak inside ``activations_peak`` (views that stack "other micro-batches in
+        flight" on top show nothing twice).
     at_us: when the peak happens (simulated microseconds from the start of the run).
     kept: bytes per category the rank keeps between steps (parameters, optimizer state, gradient buffers),
         fixed by the plan; the peak's figures also hold what is in flight then (an update's next values).
@@ -85,7 +87,22 @@ def compiled_memory(step: Any, hardware: Hardware | None = None) -> MemoryReport
 
     hw = hardware if hardware is not None else reference_hardware(step.plan().device_type)
     pred = memory_prediction(step, hw)
-    return MemoryReport.of(pred.memory, hw.name, pred.memory_kept)
+    report = MemoryReport.of(pred.memory, hw.name, pred.memory_kept)
+    for r, b in forward_activations(step.physical).items():
+        if r in report.ranks:
+            report.ranks[r].forward_activations = b
+    return report
+
+
+def forward_activations(phys: Any) -> dict[int, int]:
+    """Per rank, bytes of the forward outputs (computed or boxed, once per micro-batch) a backward op reads."""
+    nodes = phys.nodes
+    read_in_backward = {ref.node for n in nodes if n.phase == "backward" for ref in n.inputs}
+    out = dict.fromkeys(phys.ranks, 0)
+    for n in nodes:
+        if n.kind != "source" and n.phase == "forward" and n.when == "each" and n.id in read_in_backward:
+            out[n.rank] = out.get(n.rank, 0) + n.out_bytes
+    return out
 
 
 def memory_report(d: Any, phys: Any, hardware: Hardware | None = None) -> MemoryReport:
