@@ -29,6 +29,7 @@ from typing import Any
 
 from ..sbp import Split
 from .local_maps import LocalMapCall, local_map_calls
+from .module_maps import ModuleLocalMap, ModuleOutput, module_local_maps, module_outputs
 from .placements import DTensorPlacement, placements_of
 
 MODES = ("parallelize_module", "distribute", "fully_shard", "pipeline")
@@ -50,6 +51,8 @@ class DTensorExport:
     reshard_after_forward: bool = True  # fully_shard only: ZeRO-3 (True) or ZeRO-2 (False)
     strategy: str = ""
     local_maps: list[LocalMapCall] = field(default_factory=list)  # calls DTensor runs only through local_map
+    module_outputs: list[ModuleOutput] = field(default_factory=list)  # outputs redistributed where they leave
+    module_maps: list[ModuleLocalMap] = field(default_factory=list)  # modules run on shards (local_map)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -82,8 +85,7 @@ class DTensorExport:
 
         stack = contextlib.ExitStack()
         stack.enter_context(implicit_replication())
-        if self.local_maps:
-            stack.enter_context(local_map_mode(self.local_maps))
+        stack.enter_context(local_map_mode(self.local_maps))
         return stack
 
     def code(self) -> str:
@@ -97,6 +99,8 @@ class DTensorExport:
                  f"({self.device_type})"]
         lines += [f"  {m}: {s}" for m, s in self.plan.items()]
         lines += [f"  local_map: {c.describe()}" for c in self.local_maps]
+        lines += [f"  module output: {m.describe()}" for m in self.module_outputs]
+        lines += [f"  module local_map: {m.describe()}" for m in self.module_maps]
         lines += [f"  cannot express: {u}" for u in self.unsupported]
         return "\n".join(lines)
 
@@ -137,9 +141,7 @@ def _export(step: Any) -> DTensorExport:
     params = {p: d.sbp[p] for p in g.params}
     tp_axes = {a for nd in params.values() for a, x in enumerate(nd) if isinstance(x, Split) and a not in data_axes}
     zero_axes = {a for p, nd in params.items() for a, x in enumerate(nd) if isinstance(x, Split) and a in data_axes}
-    grads_split = any(isinstance(x, Split) and a in data_axes  # ZeRO: gradients reduce-scattered over data
-                      for p in g.params if p in g.grads for a, x in enumerate(d.sbp[g.grads[p]]))
-    zero = bool(zero_axes) or grads_split
+    zero = bool(zero_axes) or _grads_mostly_split(g, d, data_axes)
     names = _dim_names(mesh, data_axes, tp_axes)
     tp = min(tp_axes) if tp_axes else None
     plan = _plan(g, params, tp) if tp is not None else {}
@@ -166,7 +168,22 @@ def _export(step: Any) -> DTensorExport:
         placements={p: placements_of(nd) for p, nd in params.items()},
         input_placements={n: placements_of(nd) for n, nd in inputs.items()},
         plan=plan, mode=mode, unsupported=unsupported, tp_dim=names[tp] if tp is not None else None,
-        reshard_after_forward=bool(zero_axes), strategy=st.name, local_maps=local_map_calls(step))
+        reshard_after_forward=bool(zero_axes), strategy=st.name, local_maps=local_map_calls(step),
+        module_outputs=module_outputs(g, d) if mode == "distribute" else [],
+        module_maps=module_local_maps(g, d) if mode == "distribute" else [])
+
+
+def _grads_mostly_split(g: Any, d: Any, data_axes: set[int]) -> bool:
+    """ZeRO-1/2: most of the parameters' elements have gradients reduce-scattered over a data axis. A few
+    small ones split (sbplab reduce-scatters BatchNorm's when that is cheaper) do not make a step ZeRO, and
+    FSDP would then keep BatchNorm statistics per rank where the step computes them over the whole batch."""
+    total = split = 0
+    for p in g.params:
+        n = g.tensors[p].meta.numel
+        total += n
+        if p in g.grads and any(isinstance(x, Split) and a in data_axes for a, x in enumerate(d.sbp[g.grads[p]])):
+            split += n
+    return total > 0 and 2 * split > total
 
 
 def _dim_names(mesh: Any, data_axes: set[int], tp_axes: set[int]) -> tuple[str, ...]:

@@ -69,7 +69,12 @@ def apply(exp: DTensorExport, module: Any, device_mesh: Any) -> Any:
                                                  requires_grad=p.requires_grad)
             sub.register_parameter(name, made[id(p)])
 
-    return distribute_module(module, device_mesh, partition)
+    module = distribute_module(module, device_mesh, partition)
+    if exp.module_outputs or exp.module_maps:
+        from .module_maps import install
+
+        install(module, device_mesh, exp.module_outputs, exp.module_maps)
+    return module
 
 
 def shard_batch(exp: DTensorExport, batch: dict[str, Any], device_mesh: Any) -> dict[str, Any]:

@@ -29,6 +29,30 @@ def _batch_lines(exp: DTensorExport, local: bool) -> list[str]:
     return out
 
 
+def _module_lines(exp: DTensorExport) -> list[str]:
+    """Module outputs redistributed where they leave (PrepareModuleOutput's job, written as the forward
+    hook it installs); modules run on their shards are named (``exp.apply`` wraps them in local_map)."""
+    out = []
+    if exp.module_outputs:
+        out += ["",
+                "",
+                "def leave_as(placements):",
+                "    def hook(module, args, out):",
+                "        out = out.redistribute(mesh, placements)",
+                "        # DTensor cannot redistribute a partial gradient back into the embedding's masked",
+                "        # partial: reduce it first",
+                "        out.register_hook(lambda g: g.redistribute(mesh, [Replicate() if p.is_partial() else p "
+                "for p in g.placements]))",
+                "        return out",
+                "    return hook",
+                "",
+                ""]
+        out += [f"model.get_submodule({m.module!r}).register_forward_hook(leave_as({text(m.placements)}))  # {m.why}"
+                for m in exp.module_outputs]
+    out += [f"# {m.describe()}: exp.apply wraps its forward (sbplab.export.module_maps)" for m in exp.module_maps]
+    return out
+
+
 def code(exp: DTensorExport) -> str:
     head = [f"# {exp.strategy}: DTensor mode {exp.mode}"]
     head += [f"# not expressible in DTensor: {u}" for u in exp.unsupported]
@@ -55,7 +79,8 @@ def code(exp: DTensorExport) -> str:
                 *_batch_lines(exp, local=True)]
         return "\n".join(head + body)
     kinds = sorted({type_name for pls in (*exp.placements.values(), *exp.input_placements.values())
-                    for type_name in (repr(x).split("(")[0] for x in pls)})
+                    for type_name in (repr(x).split("(")[0] for x in pls)}
+                   | ({"Replicate"} if exp.module_outputs else set()))
     body = ["import torch",
             "from torch.distributed.tensor import " + ", ".join(kinds + ["distribute_module", "distribute_tensor"]),
             *_mesh_lines(exp),
@@ -74,6 +99,7 @@ def code(exp: DTensorExport) -> str:
              "model = distribute_module(model, mesh, partition)",
              "# the batch as DTensors; the loss comes out a DTensor (loss.full_tensor() to read it)",
              *_batch_lines(exp, local=False)]
+    body += _module_lines(exp)
     if exp.plan:
         body.append(f"# the same tensor parallelism as ParallelStyles on mesh[{exp.tp_dim!r}]: {exp.plan}")
     return "\n".join(head + body)

@@ -57,8 +57,29 @@ def local_map_calls(step: Any) -> list[LocalMapCall]:
     return out
 
 
+def _dense_grad(t: Any) -> Any:
+    """``t`` (a view's output) with a gradient whose local tensor is laid out as its DTensor says. The
+    gradient of a view of a replicated DTensor can come back through transposes with a local tensor strided
+    unlike the stride DTensor records, and the view's backward then fails on it (Llama's
+    ``k_proj(x).view(...)`` under tensor parallelism)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor) or not t.requires_grad:
+        return t
+
+    def dense(grad: Any) -> Any:
+        if not isinstance(grad, DTensor) or grad._local_tensor.is_contiguous():
+            return grad
+        return DTensor.from_local(grad._local_tensor.contiguous(), grad.device_mesh, grad.placements,
+                                  run_check=False, shape=grad.shape, stride=grad.stride())
+
+    t.register_hook(dense)
+    return t
+
+
 def local_map_mode(calls: list[LocalMapCall]) -> Any:
     """A TorchFunctionMode that runs the k-th SDPA call on DTensors through local_map with ``calls[k]``."""
+    import torch
     import torch.nn.functional as F
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor.experimental import local_map
@@ -71,6 +92,8 @@ def local_map_mode(calls: list[LocalMapCall]) -> Any:
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func is torch.Tensor.view and isinstance(args[0], DTensor):
+                return _dense_grad(func(*args, **kwargs))
             if func is not F.scaled_dot_product_attention or not any(isinstance(a, DTensor) for a in args[:3]):
                 return func(*args, **kwargs)
             if self.k >= len(calls):
