@@ -19,6 +19,7 @@ import sbplab as sl
 from sbplab.boxing import plan_boxing
 from sbplab.compiler import GraphBuilder, HintError, SignatureError, Strategy, deduce
 from sbplab.compiler import parse_signature as compiler_parse_signature
+from sbplab.eager.aten_eager import renumber, steps_of
 from sbplab.ops.choose import BoxingCost, RankedSignature, rank_signatures
 from sbplab.ops.registry import TensorMeta, nd_signatures
 from sbplab.ops.signature_text import parse_signature
@@ -34,7 +35,14 @@ def _compiled(op: str, inputs: list[torch.Tensor], sbps: list[tuple], attrs: dic
     """Deduce a graph holding only ``op``, its inputs stored as ``sbps``; (choice, deduction)."""
     gb = GraphBuilder()
     xs = [gb.input(f"x{i}", tuple(t.shape), t.dtype) for i, t in enumerate(inputs)]
-    y = gb.op(op, *xs, name="the_op", **attrs)
+    steps = steps_of(op, [TensorMeta.of(t) for t in inputs], attrs)  # a tensor method runs as its ATen op
+    if steps is not None:
+        (step,) = steps
+        order: list[int] = []
+        call = {"args": renumber(step.args, order), "kwargs": renumber(step.kwargs, order)}
+        y = gb.op(step.op, *[xs[i] for i in order], name="the_op", **call)
+    else:
+        y = gb.op(op, *xs, name="the_op", **attrs)
     g = gb.build(outputs=[y if not isinstance(y, tuple) else y[0]])
     st = Strategy(MESH)
     for i, nd in enumerate(sbps):

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..boxing import BoxingPlan, plan_boxing
+from ..boxing.route import BoxingError
 from ..errors import InputTypeError
 from ..hardware import Hardware
+from ..layout import LayoutError
 from ..ops.choose import BoxingCost, RankedSignature, rank_signatures
 from ..ops.registry import NdSignature, TensorMeta, _freeze, get_op, local_context, nd_signatures
 from ..ops.signature_text import SignatureError, as_raw, to_nd_signature, valid_text
@@ -73,11 +75,12 @@ def _wanted_signature(text: str | NdSignature, in_metas: Sequence[TensorMeta], o
 
 def decide(op_name: str, in_metas: Sequence[TensorMeta], in_sbps: Sequence[NdSbp], attrs: dict,
            placement: Placement, signature: str | NdSignature | None = None,
-           out_sbp: NdSbp | None = None, hardware: Hardware | None = None) -> Decision:
-    """Choose the signature for one op call (cached)."""
+           out_sbp: NdSbp | None = None, hardware: Hardware | None = None, display: str | None = None) -> Decision:
+    """Choose the signature for one op call (cached); errors name the op as ``display`` (the eager
+    method, "matmul", rather than the ATen op it runs, "aten.mm.default")."""
     hardware = hardware or default_hardware()
     key = (op_name, tuple(in_metas), tuple(in_sbps), _freeze(attrs), placement, str(signature),
-           out_sbp, id(hardware))
+           out_sbp, id(hardware), display)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -92,13 +95,23 @@ def decide(op_name: str, in_metas: Sequence[TensorMeta], in_sbps: Sequence[NdSbp
                                            dtype=in_metas[i].dtype, hardware=hardware)
         return plans[(i, want)]
 
+    def routable(sig: NdSignature) -> bool:
+        """Whether every input can be boxed to what ``sig`` reads (a strided split is made only by ops)."""
+        try:
+            for i, w in enumerate(sig.inputs):
+                plan(i, w)
+        except (BoxingError, LayoutError):
+            return False
+        return True
+
     def rank(allowed=None) -> list[RankedSignature]:
         return rank_signatures(op, in_metas, attrs, placement, in_sbps,
-                               lambda i, want: BoxingCost.of(plan(i, want)), allowed=allowed)
+                               lambda i, want: BoxingCost.of(plan(i, want)),
+                               allowed=lambda s: routable(s) and (allowed is None or allowed(s)))
 
     forced = ""
     if signature is not None:
-        want = _wanted_signature(signature, in_metas, out_metas, placement, op_name, valid)
+        want = _wanted_signature(signature, in_metas, out_metas, placement, display or op_name, valid)
         best = rank(lambda s: s == want)[0]
         others = [c for c in rank() if c.signature != want]  # still show what the free choice would cost
         forced = "signature"
@@ -109,7 +122,7 @@ def decide(op_name: str, in_metas: Sequence[TensorMeta], in_sbps: Sequence[NdSbp
             if not ranked:
                 outs = sorted({fmt_sbp(s.outputs[0]) for s in valid})
                 raise SignatureError(
-                    op_name, f"{op_name}: no signature produces output SBP {fmt_sbp(out_sbp)}; "
+                    display or op_name, f"{display or op_name}: no signature produces output SBP {fmt_sbp(out_sbp)}; "
                              f"possible output SBPs: {', '.join(outs)} (or convert afterwards with .to_global)")
         else:
             ranked = rank()

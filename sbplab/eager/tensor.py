@@ -1,7 +1,8 @@
 """Global tensors, eager: one logical tensor, one local shard per rank, all held in this process.
 
-This is the teaching and testing face of SBP: every operator goes through the same op registry
-and boxing planner the compiler uses, so there is one set of rules, not two.
+This is the teaching and testing face of SBP: every method runs the ATen ops torch calls for it
+(``aten_eager.py``) through the same rules and boxing planner the compiler uses, so there is one set
+of rules, not two.
 
     mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
     x = sl.tensor(torch.randn(8, 6), placement=mesh, sbp="S(0), S(1)")   # (8, 6) (S(0), S(1))
@@ -23,6 +24,7 @@ from ..ops.registry import TensorMeta, get_op
 from ..placement import Placement
 from ..sbp import B, NdSbp, as_nd_sbp, fmt_sbp
 from ..viz.layout_picture import type_string
+from .aten_eager import check_forced, renumber, steps_of
 from .dispatch import decide, default_hardware, normalise_out_sbp
 from .records import BoxingRecord, OpRecord, Record, emit
 
@@ -228,10 +230,13 @@ def _lift(x, like: GlobalTensor) -> GlobalTensor:
 
 def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | None = None,
           **attrs) -> GlobalTensor | tuple[GlobalTensor, ...]:
-    """Run a registry op on global tensors: choose a signature, box the inputs, run each shard.
+    """Run an op on global tensors: choose a signature, box the inputs, run each shard.
 
-    ``signature`` forces one ("S(0), B -> S(0)" on a 1-D mesh, or an NdSignature); ``sbp`` forces
-    the output SBP (the cheapest signature producing it is used).
+    A global tensor's methods ("matmul", "add", "sum", "softmax", "reshape", ...) run as the ATen ops
+    torch calls for them (``aten_eager.py``), under the same rules a compiled graph uses; any other
+    name is a registry op (an ATen overload such as ``"aten.mm.default"`` with ``args=``, or an op of
+    sbplab's own library). ``signature`` forces one ("S(0), B -> S(0)" on a 1-D mesh, or an
+    NdSignature); ``sbp`` forces the output SBP (the cheapest signature producing it is used).
     """
     anchor = next((x for x in inputs if isinstance(x, GlobalTensor)), None)
     if anchor is None:
@@ -242,18 +247,40 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
             raise InputError(
                 f"{op_name}: inputs live on different placements: {anchor.name} on {anchor.placement}, "
                 f"{x.name} on {x.placement}; move one with .to_global(placement=...) first")
-    placement = anchor.placement
+    steps = steps_of(op_name, [x.meta for x in xs], attrs)
+    if steps is None:
+        return _run(op_name, op_name, xs, attrs, signature, sbp, name)
+    check_forced(op_name, steps, signature)
+    get_op(op_name).infer([x.meta for x in xs], attrs)  # bad shapes or dtypes: the op's own clear error
+    vals: list = list(xs)
+    for k, st in enumerate(steps):
+        order: list[int] = []
+        call = {"args": renumber(st.args, order), "kwargs": renumber(st.kwargs, order)}
+        last = k == len(steps) - 1
+        vals.append(_run(st.op, op_name, [vals[i] for i in order], call, signature if st.main else None,
+                         sbp if st.main else None, name if last else None))
+    return vals[-1]
+
+
+def _run(op_name: str, display: str, xs: list[GlobalTensor], attrs: dict, signature, sbp,
+         name: str | None) -> GlobalTensor | tuple[GlobalTensor, ...]:
+    """One registry op on global tensors of one placement; errors and records say ``display``."""
+    placement = xs[0].placement
     op = get_op(op_name)
     metas = [x.meta for x in xs]
-    out_ndim = len(op.infer(metas, attrs)[0].shape)
+    try:
+        out_ndim = len(op.infer(metas, attrs)[0].shape)
+    except (RuntimeError, NotImplementedError) as e:  # torch refuses on meta tensors what it would refuse on shards
+        raise OpError(f"{display}: torch cannot run it on {', '.join(x.name for x in xs)} (shapes "
+                      f"{[m.shape for m in metas]}, dtypes {[m.dtype for m in metas]}): {e}") from e
     dec = decide(op_name, metas, [x.sbp for x in xs], attrs, placement, signature=signature,
-                 out_sbp=normalise_out_sbp(sbp, placement, out_ndim, op_name))
+                 out_sbp=normalise_out_sbp(sbp, placement, out_ndim, display), display=display)
     sig = dec.signature
     boxings = []
     boxed = []
     for i, (x, plan) in enumerate(zip(xs, dec.input_plans)):
         if plan.steps or x.sbp != sig.inputs[i]:
-            y = x._box(sig.inputs[i], placement, reason=f"input {i} of {op_name} under {sig}", plan=plan)
+            y = x._box(sig.inputs[i], placement, reason=f"input {i} of {display} under {sig}", plan=plan)
             boxings.append(y.record)
             boxed.append(y)
         else:
@@ -264,10 +291,11 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
         try:
             outs[r] = tuple(op.kernel(local, dec.local_attrs[r]))
         except (RuntimeError, NotImplementedError) as e:  # torch refuses (e.g. a dtype it has no kernel for)
-            raise OpError(f"{op_name}: torch cannot run it on {', '.join(x.name for x in xs)} (local shapes "
+            raise OpError(f"{display}: torch cannot run it on {', '.join(x.name for x in xs)} (local shapes "
                           f"{[tuple(t.shape) for t in local]}, dtypes {[t.dtype for t in local]}): {e}") from e
     out_name = name or _fresh_name()
-    record = OpRecord(op_name, out_name, [x.name for x in xs], [x.sbp for x in xs], dec.candidates[0],
+    shown = display if display == op_name else f"{display} [{op_name}]"
+    record = OpRecord(shown, out_name, [x.name for x in xs], [x.sbp for x in xs], dec.candidates[0],
                       dec.candidates[1:], boxings, dec.forced)
     emit(record)
     results = tuple(

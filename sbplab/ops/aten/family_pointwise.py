@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from numbers import Number
 
+from ...sbp import Partial
 from ._common import B, P, S, Signature, TensorMeta, arg, sig
 
 # how each linear op passes P: "all" inputs P together, "one" P input with the others B (mul),
@@ -20,6 +21,12 @@ LINEAR = {
     "aten.where.self": "values", "aten.masked_fill.Scalar": "first",
 }
 
+
+# one-input ops that never decrease (f(max(a, b)) = max(f(a), f(b))): a partial max or min passes
+# through them, as OneFlow's and sbplab's own relu let it; neg turns one into the other
+MONOTONE = {"aten.relu.default", "aten.exp.default", "aten.tanh.default", "aten.sigmoid.default",
+            "aten.clone.default", "aten.alias.default", "aten.detach.default"}
+PMAX, PMIN = Partial("max"), Partial("min")
 
 # ops that read only their input's shape (and dtype): a partial input, whole on every rank, gives B
 SHAPE_ONLY = {"aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
@@ -50,6 +57,10 @@ def pointwise_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta
         sigs.append(sig(per_in, outs_s))
     if name in SHAPE_ONLY and ins:
         sigs.append(sig([P] + [B] * (len(ins) - 1), [B] * len(outs)))
+    if name in MONOTONE and len(ins) == 1:
+        sigs += [sig([PMAX], [PMAX]), sig([PMIN], [PMIN])]
+    elif name == "aten.neg.default":
+        sigs += [sig([PMAX], [PMIN]), sig([PMIN], [PMAX])]
     how = LINEAR.get(name)
     if how is None or _adds_nonzero(name, attrs) or not ins:
         return sigs
