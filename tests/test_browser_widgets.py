@@ -37,7 +37,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 def _notebook(source: str) -> dict:
     return {
-        "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}],
+        "cells": [{"cell_type": "code", "id": "cell-0", "metadata": {}, "execution_count": None, "outputs": [],
+                   "source": source}],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "nbformat": 4, "nbformat_minor": 5,
     }
@@ -76,6 +77,7 @@ NOTEBOOKS = {
                   "wide = SbpPlayground(shape=(16, 16), mesh=(4, 4), sbp='S(0), S(1)', target='B, B')\n"
                   "e16 = StrategyEditor(ModelBuilder('mlp', n_blocks=1, batch=32), preset='dp', mesh=(16,))  # 16 ranks\n"
                   "display(b, e, RunPanel(e, steps=2, backend='in-process'), p, bad, s, wide, e16)\n"
+                  "display(sl.timeline(sl.simulate(e.compiled, sl.Hardware.cpu_box(), steps=2)))  # a themed figure\n"
                   "physical_picture(e.compiled.physical, e.compiled.graph)  # a notebook picture beside them"),
 }
 
@@ -85,8 +87,26 @@ def _saved_notebook() -> dict:
     (the widget view and the static card), unsigned, as a tutorial cloned from git is."""
     from sbplab.widgets import ModelBuilder, StrategyEditor
 
+    return _saved_notebook_of(StrategyEditor(ModelBuilder("mlp", n_blocks=1), preset="dp", mesh=(2,)))
+
+
+def _saved_with_widget_state() -> dict:
+    """A notebook as ``jupyter nbconvert --execute`` (nbclient) or JupyterLab with "Save Widget State
+    Automatically" saves it: the widget's output and, in the notebook's metadata, the state of its
+    models (anywidget's front-end code included), which JupyterLab restores when it opens the notebook."""
+    from ipywidgets.embed import dependency_state
+
+    from sbplab.widgets import ModelBuilder, StrategyEditor
+
     e = StrategyEditor(ModelBuilder("mlp", n_blocks=1), preset="dp", mesh=(2,))
-    data, _ = e._repr_mimebundle_()
+    nb = _saved_notebook_of(e)
+    nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+        "version_major": 2, "version_minor": 0, "state": dependency_state(e, drop_defaults=False)}}
+    return nb
+
+
+def _saved_notebook_of(widget) -> dict:
+    data, _ = widget._repr_mimebundle_()
     nb = _notebook("e")
     nb["cells"][0]["outputs"] = [{"output_type": "execute_result", "execution_count": 1, "metadata": {},
                                   "data": data}]
@@ -108,6 +128,15 @@ def jupyter_lab(tmp_path_factory):
     for name, source in NOTEBOOKS.items():
         (root / name).write_text(json.dumps(_notebook(source)))
     (root / "saved.ipynb").write_text(json.dumps(_saved_notebook()))
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    kept = nbformat.reads(json.dumps(_saved_with_widget_state()), as_version=4)
+    (root / "trust").mkdir()
+    notary = NotebookNotary(data_dir=str(root / "trust"))
+    notary.sign(kept)  # trusted, as the notebooks a user ran are
+    (root / "kept.ipynb").write_text(nbformat.writes(kept))
+    assert notary.check_signature(nbformat.read(root / "kept.ipynb", as_version=4))
     port = _free_port()
     news = root / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
@@ -116,7 +145,7 @@ def jupyter_lab(tmp_path_factory):
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces")}
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-           "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+           "--LabApp.expose_app_in_browser=True", f"--NotebookNotary.data_dir={root / 'trust'}", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
            "jupyterlab.NeverCheckForUpdate"]
     log = open(root / "lab.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -140,45 +169,74 @@ def jupyter_lab(tmp_path_factory):
     log.close()
 
 
-@contextmanager
-def notebook_page(lab_url: str, notebook: str, screenshot: str, height: int = 1000, run: bool = True):
-    """A Chromium page with ``notebook`` open in JupyterLab and every cell run.
-
-    On leaving, the page is saved as ``screenshot`` in artifacts/browser/ (or as
-    ``failure-<screenshot>`` when the block raised), and the browser is closed.
-    """
+@pytest.fixture(scope="module")
+def lab_page(jupyter_lab):
+    """One Chromium page with JupyterLab loaded, shared by the tests of this file: loading JupyterLab is
+    the slow part, so each test opens its notebook in this page (``notebook_page``) instead."""
     from playwright.sync_api import sync_playwright
 
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": height})
-        try:
-            workspace = notebook.replace(".", "-")  # a workspace of its own: no tabs restored from another test
-            page.goto(f"{lab_url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={TOKEN}")
-            page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   f" && window.jupyterapp.shell.currentWidget.context?.path === '{notebook}'"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-                                   timeout=90_000)
-            if run:
-                page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            yield page
-        except BaseException:
-            page.screenshot(path=str(SCREENSHOT_DIR / f"failure-{screenshot}"), full_page=True)
-            raise
-        else:
-            page.screenshot(path=str(SCREENSHOT_DIR / screenshot), full_page=True)
-        finally:
-            browser.close()
-    print(f"screenshot: {SCREENSHOT_DIR / screenshot}")
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{jupyter_lab}/lab/workspaces/sbplab-test?reset&token={TOKEN}")
+        page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager.isReady", timeout=90_000)
+        page.wait_for_selector(".jp-DirListing-item", timeout=90_000)  # the app has laid itself out
+        yield page
+        browser.close()
 
 
-def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
+# Close every open document without a save dialog (their kernels shut down), so the next test's
+# notebook is the only one running: two CPUs run one kernel's work at a time.
+CLOSE_ALL_JS = """async () => {
+  const app = window.jupyterapp;
+  for (const w of [...app.shell.widgets("main")]) { if (w.context) w.context.model.dirty = false; }
+  await app.commands.execute("application:close-all");
+  await app.serviceManager.sessions.shutdownAll();
+}"""
+
+
+@contextmanager
+def notebook_page(page, notebook: str, screenshot: str | None, height: int = 1000, run: bool = True,
+                  theme: str = "JupyterLab Light"):
+    """``notebook`` open in the shared JupyterLab page (``lab_page``), in ``theme``, every cell run.
+
+    On leaving, the page is saved as ``screenshot`` in artifacts/browser/ (or as ``failure-<notebook>.png``
+    when the block raised); the next ``notebook_page`` closes the notebook.
+    """
+    page.set_viewport_size({"width": 1400, "height": height})
+    page.evaluate(CLOSE_ALL_JS)
+    set_theme(page, theme)
+    try:
+        page.evaluate(f"window.jupyterapp.commands.execute('docmanager:open', {{path: '{notebook}'}})")
+        page.wait_for_function("window.jupyterapp.shell.currentWidget"
+                               f" && window.jupyterapp.shell.currentWidget.context?.path === '{notebook}'"
+                               " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel",
+                               timeout=90_000)
+        if run:
+            page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.ready.then(() =>"
+                          " window.jupyterapp.commands.execute('notebook:run-all-cells'))")
+        yield page
+    except BaseException:
+        page.screenshot(path=str(SCREENSHOT_DIR / f"failure-{notebook.replace('.ipynb', '.png')}"), full_page=True)
+        raise
+    if screenshot is not None:
+        page.screenshot(path=str(SCREENSHOT_DIR / screenshot), full_page=True)
+
+
+def set_theme(page, theme: str) -> None:
+    light = str(theme.endswith("Light")).lower()
+    if page.evaluate("document.body.dataset.jpThemeLight") == light:
+        return
+    page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
+    page.wait_for_function(f"document.body.dataset.jpThemeLight === '{light}'", timeout=30_000)
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def test_playground_responds_to_clicks_in_jupyterlab(lab_page):
     from playwright.sync_api import expect
 
-    with notebook_page(jupyter_lab, "play.ipynb", "sbp_playground.png") as page:
+    with notebook_page(lab_page, "play.ipynb", "sbp_playground.png") as page:
         steps = page.get_by_test_id("boxing-steps").locator("tr.boxing-step")
         expect(steps).to_have_count(1, timeout=90_000)  # (S(0), B) -> (B, B): one all-gather
         expect(steps.first).to_contain_text("all_gather")
@@ -199,10 +257,10 @@ def test_playground_responds_to_clicks_in_jupyterlab(jupyter_lab):
     assert (SCREENSHOT_DIR / "sbp_playground.png").stat().st_size > 10_000
 
 
-def test_strategy_editor_recomputes_when_the_preset_changes(jupyter_lab):
+def test_strategy_editor_recomputes_when_the_preset_changes(lab_page):
     from playwright.sync_api import expect
 
-    with notebook_page(jupyter_lab, "editor.ipynb", "strategy_editor.png") as page:
+    with notebook_page(lab_page, "editor.ipynb", "strategy_editor.png") as page:
         summary = page.get_by_test_id("summary")
         expect(summary).to_contain_text("all_reduce", timeout=90_000)  # DP: gradient all-reduces
         dp_text = summary.inner_text()
@@ -214,10 +272,10 @@ def test_strategy_editor_recomputes_when_the_preset_changes(jupyter_lab):
     assert (SCREENSHOT_DIR / "strategy_editor.png").stat().st_size > 10_000
 
 
-def test_strategy_editor_applies_typed_values_on_enter(jupyter_lab):
+def test_strategy_editor_applies_typed_values_on_enter(lab_page):
     from playwright.sync_api import expect
 
-    with notebook_page(jupyter_lab, "editor.ipynb", "strategy_editor_enter.png") as page:
+    with notebook_page(lab_page, "editor.ipynb", "strategy_editor_enter.png") as page:
         summary, status = page.get_by_test_id("summary"), page.get_by_test_id("status")
         error = page.get_by_test_id("error-message")
         expect(summary).to_contain_text("all_reduce", timeout=90_000)
@@ -243,10 +301,10 @@ def test_strategy_editor_applies_typed_values_on_enter(jupyter_lab):
         assert page.get_by_test_id("physical-graph").inner_html() != ""
 
 
-def test_search_panel_searches_and_shows_the_table(jupyter_lab):
+def test_search_panel_searches_and_shows_the_table(lab_page):
     from playwright.sync_api import expect
 
-    with notebook_page(jupyter_lab, "search.ipynb", "search_panel.png", height=1400) as page:
+    with notebook_page(lab_page, "search.ipynb", "search_panel.png", height=1400) as page:
         button = page.get_by_test_id("search-button")
         expect(button).to_be_enabled(timeout=90_000)
         expect(page.get_by_test_id("result-table")).to_be_hidden()
@@ -276,12 +334,12 @@ def test_search_panel_searches_and_shows_the_table(jupyter_lab):
     assert (SCREENSHOT_DIR / "search_panel.png").stat().st_size > 10_000
 
 
-def test_run_panel_draws_the_runs_timeline_as_sl_timeline_does(jupyter_lab):
+def test_run_panel_draws_the_runs_timeline_as_sl_timeline_does(lab_page):
     """A run on worker processes: the panel shows sl.timeline's plotly figure of it (one renderer), with
     its legend (waiting, collective members, step markers) and a millisecond axis, and hover works."""
     from playwright.sync_api import expect
 
-    with notebook_page(jupyter_lab, "run.ipynb", "run_panel_timeline.png", height=1400) as page:
+    with notebook_page(lab_page, "run.ipynb", "run_panel_timeline.png", height=1400) as page:
         button = page.get_by_test_id("run-button")
         expect(button).to_be_enabled(timeout=90_000)
         button.click()
@@ -291,25 +349,46 @@ def test_run_panel_draws_the_runs_timeline_as_sl_timeline_does(jupyter_lab):
         legend = plot.locator(".legendtext")
         expect(legend.filter(has_text="collective members")).to_have_count(1, timeout=30_000)
         expect(legend.filter(has_text="forward")).to_have_count(1)
-        assert plot.locator(".xtitle").first.text_content() == "time (ms)"
+        assert plot.locator(".xtitle, .x2title").first.text_content() == "time (ms)"  # under the memory track
+        expect(legend.filter(has_text="memory, rank 1")).to_have_count(1)  # bytes held over time, per rank
+        ink = page.evaluate("(() => { const d = document.createElement('div'); document.body.append(d);"
+                            " d.style.color = 'var(--jp-content-font-color1)'; const c = getComputedStyle(d).color;"
+                            " d.remove(); return c; })()")
+        tick = plot.locator(".xtick text, .x2tick text").first.evaluate("t => getComputedStyle(t).fill")
+        assert tick == ink, (tick, ink)  # the theme's text colour, not plotly's own
         steps = [t.text_content() for t in plot.locator(".annotation-text").all()]
         assert "step 0" in steps and "step 1" in steps, steps
         plot.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOT_DIR / "run_panel_timeline_view.png"))
 
 
-def test_a_saved_notebook_shows_the_widgets_static_card(jupyter_lab):
+def test_a_saved_notebook_shows_the_widgets_static_card(lab_page):
     """Opened again without running it, a notebook shows each widget's static card where it was, not
     its Python repr."""
     from playwright.sync_api import expect
 
-    with notebook_page(jupyter_lab, "saved.ipynb", "saved_notebook.png", run=False) as page:
+    with notebook_page(lab_page, "saved.ipynb", "saved_notebook.png", run=False) as page:
         card = page.locator(".jp-OutputArea-output .sbplab-static")
         expect(card).to_contain_text("StrategyEditor: data parallel x2", timeout=60_000)
         expect(card).to_contain_text("a snapshot of the widget")
         expect(card.locator("tr")).to_have_count(3)  # its table: a header and a row per rank
         text = page.locator(".jp-OutputArea-output").first.inner_text()
         assert "object at 0x" not in text and "rank 0: parameters" not in text  # no repr, no spilled chart labels
+
+
+def test_a_trusted_notebook_with_saved_widget_state_draws_the_widget(lab_page):
+    """A trusted notebook whose widget state was saved with it (nbconvert --execute, or JupyterLab's
+    "Save Widget State Automatically") draws the widget itself from that state, before any cell runs:
+    no "Error displaying widget: model not found". (Without saved state JupyterLab 4 has no fallback:
+    its widget renderer writes that error itself, and the bundle's other views are not consulted.)"""
+    from playwright.sync_api import expect
+
+    with notebook_page(lab_page, "kept.ipynb", "saved_notebook_state.png", run=False) as page:
+        editor = page.locator(".jp-OutputArea-output .sbplab-se")
+        expect(editor.get_by_test_id("summary")).to_contain_text("all_reduce", timeout=90_000)
+        expect(editor.get_by_test_id("status")).to_contain_text("data parallel")
+        assert "model not found" not in page.locator(".jp-Notebook").inner_text()
+        assert page.evaluate("window.jupyterapp.shell.currentWidget.content.model.cells.get(0).trusted")
 
 
 # WCAG relative luminance and contrast; colours are composited over what is behind them (alpha too)
@@ -365,16 +444,39 @@ PICTURE_JS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_widgets_are_readable_in_light_and_dark_themes(jupyter_lab, theme):
+# every text of a themed plotly figure (sbplab.viz.plotly_theme) but its bar labels and hover boxes: its
+# fill against the page behind the figure, and the figure's own background
+PLOTLY_JS = """(fig) => {
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  let bg = [255, 255, 255];
+  for (let n = fig; n; n = n.parentElement) {
+    const c = rgb(getComputedStyle(n).backgroundColor);
+    if (c.length < 4 || c[3] > 0) { bg = c; break; }
+  }
+  const texts = [...fig.querySelectorAll(".main-svg text")].filter((t) => !t.closest(".hoverlayer")
+    && !t.classList.contains("bartext") && t.textContent.trim() && t.getClientRects().length);
+  const ratio = (t) => { const [a, b] = [lum(rgb(getComputedStyle(t).fill)), lum(bg)].sort((x, y) => y - x);
+    return (a + 0.05) / (b + 0.05); };
+  return { paper: getComputedStyle(fig.querySelector(".main-svg")).backgroundColor, n: texts.length,
+           weak: texts.filter((t) => ratio(t) < 4.5).map((t) => [t.textContent.slice(0, 20), ratio(t)]).slice(0, 5) };
+}"""
+
+# the widths of the 16-rank playground's two layout pictures against their columns
+COLUMNS_JS = """(pg) => [...pg.querySelectorAll(".pg-layout")].map((box) => ({ box: box.clientWidth,
+  content: box.scrollWidth, svg: box.querySelector("svg").getBoundingClientRect().width }))"""
+
+
+def test_widgets_are_readable_in_light_and_dark_themes(lab_page):
     """Every widget, in every state the test drives (a run's results, then stale under a changed strategy,
-    a search's highlighted row, an error, 16 ranks), keeps 4.5:1 contrast and text of 9 px or more; a
-    notebook picture on the same page keeps its own layout."""
+    a search's highlighted row, an error, 16 ranks), keeps 4.5:1 contrast and text of 9 px or more, in
+    JupyterLab's light and dark themes; a notebook picture on the same page keeps its own layout; the
+    timeline figure draws on the theme; 16-rank layout pictures fit their columns and the 16-rank physical
+    graph draws its alike ranks once, labelled by their ranks."""
     from playwright.sync_api import expect
 
-    light = theme.endswith("Light")
-    shot = f"all_widgets_{'light' if light else 'dark'}.png"
-    with notebook_page(jupyter_lab, "all.ipynb", shot, height=1600) as page:
+    with notebook_page(lab_page, "all.ipynb", None, height=1600) as page:
         expect(page.locator(".sbplab-widget")).to_have_count(8, timeout=120_000)
         editor, run = page.locator(".sbplab-se").first, page.locator(".sbplab-rp")
         expect(editor.get_by_test_id("summary")).to_contain_text("all_reduce", timeout=90_000)
@@ -384,34 +486,44 @@ def test_widgets_are_readable_in_light_and_dark_themes(jupyter_lab, theme):
         wide = page.locator(".sbplab-se").nth(1)  # 16 ranks: a bar per rank in both charts, the graph grouped
         expect(wide.locator("[data-testid=memory-chart] rect.seg")).not_to_have_count(0, timeout=90_000)
         expect(wide.get_by_test_id("error-message")).to_be_hidden()
+        expect(wide.get_by_test_id("physical-graph")).to_contain_text("ranks 0-15 (alike)")
         run.get_by_test_id("run-button").click()  # in-process: losses beside torch's
         expect(run.get_by_test_id("check")).to_contain_text("matches single-device PyTorch", timeout=90_000)
         expect(run.get_by_test_id("stale-note")).to_be_hidden()
         editor.get_by_test_id("preset-select").select_option("dp")  # the results are now of another strategy
         expect(run.get_by_test_id("stale-note")).to_contain_text("before the strategy changed", timeout=60_000)
         expect(run.get_by_test_id("loss-table")).to_be_visible()
-        page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
-        page.wait_for_function(f"document.body.dataset.jpThemeLight === '{str(light).lower()}'", timeout=30_000)
-        page.wait_for_timeout(500)  # the theme's variables apply on the next frame
-        checked, weak, small = 0, [], []
-        for root in page.locator(".sbplab-widget").all():
-            for r in root.evaluate(CONTRAST_JS):
-                checked += 1
-                if r["ratio"] < 4.5:
-                    weak.append(r)
-            small += [f for f in root.evaluate(FONT_JS) if f["px"] < 9 - 0.01]
-        assert checked > 100, checked
-        assert not weak, f"{len(weak)} of {checked} texts below 4.5:1 in {theme}: {weak[:8]}"
-        assert not small, f"{len(small)} texts under 9 px (16 ranks included): {small[:8]}"
-        pic = page.evaluate(PICTURE_JS)
-        assert pic["display"] != "flex" and all(w < 60 for w in pic["buttons"]), pic  # the widgets' CSS stays home
-        assert pic["svg"] >= min(pic["view"], 300), pic
-        assert pic["sheet"] in ("transparent", "rgba(0, 0, 0, 0)", "none"), pic  # no white sheet
-        assert (pic["ink"] < 0.5) == light, pic  # edges in the theme's text colour
-        for cls, name in ((".sbplab-mb", "model_builder"), (".sbplab-se >> nth=0", "strategy_editor"),
-                          (".sbplab-rp", "run_panel"), (".sbplab-pg >> nth=1", "sbp_playground_error"),
-                          (".sbplab-sp", "search_panel_result"), (".sbplab-pg >> nth=2", "sbp_playground_16"),
-                          (".sbplab-se >> nth=1", "strategy_editor_16")):
-            page.locator(cls).evaluate("el => el.scrollIntoView({block: 'start'})")
-            page.screenshot(path=str(SCREENSHOT_DIR / f"{name}_{shot.split('_')[-1]}"))
-    assert (SCREENSHOT_DIR / shot).stat().st_size > 10_000
+        plot = page.locator(".sbplab-plotly")
+        expect(plot.locator(".main-svg .legendtext").first).to_be_visible(timeout=60_000)  # sl.timeline's figure
+        for col in page.locator(".sbplab-pg").nth(2).evaluate(COLUMNS_JS):  # 16 ranks: (S(0), S(1)) -> (B, B)
+            assert col["content"] <= col["box"] + 1 and col["svg"] <= col["box"] + 1, col  # no sideways scrolling
+        for theme in ("JupyterLab Light", "JupyterLab Dark"):
+            light = theme.endswith("Light")
+            shot = f"all_widgets_{'light' if light else 'dark'}.png"
+            set_theme(page, theme)
+            checked, weak, small = 0, [], []
+            for root in page.locator(".sbplab-widget").all():
+                for r in root.evaluate(CONTRAST_JS):
+                    checked += 1
+                    if r["ratio"] < 4.5:
+                        weak.append(r)
+                small += [f for f in root.evaluate(FONT_JS) if f["px"] < 9 - 0.01]
+            assert checked > 100, checked
+            assert not weak, f"{len(weak)} of {checked} texts below 4.5:1 in {theme}: {weak[:8]}"
+            assert not small, f"{len(small)} texts under 9 px (16 ranks included): {small[:8]}"
+            pic = page.evaluate(PICTURE_JS)
+            assert pic["display"] != "flex" and all(w < 60 for w in pic["buttons"]), pic  # the widgets' CSS stays home
+            assert pic["svg"] >= min(pic["view"], 300), pic
+            assert pic["sheet"] in ("transparent", "rgba(0, 0, 0, 0)", "none"), pic  # no white sheet
+            assert (pic["ink"] < 0.5) == light, pic  # edges in the theme's text colour
+            fig = plot.evaluate(PLOTLY_JS)
+            assert fig["paper"] in ("transparent", "rgba(0, 0, 0, 0)") and fig["n"] > 5, fig  # no white card
+            assert not fig["weak"], (theme, fig)  # axis, legend and title text readable on the theme's page
+            for cls, name in ((".sbplab-mb", "model_builder"), (".sbplab-se >> nth=0", "strategy_editor"),
+                              (".sbplab-rp", "run_panel"), (".sbplab-pg >> nth=1", "sbp_playground_error"),
+                              (".sbplab-sp", "search_panel_result"), (".sbplab-pg >> nth=2", "sbp_playground_16"),
+                              (".sbplab-se >> nth=1", "strategy_editor_16"), (".sbplab-plotly", "timeline")):
+                page.locator(cls).evaluate("el => el.scrollIntoView({block: 'start'})")
+                page.screenshot(path=str(SCREENSHOT_DIR / f"{name}_{shot.split('_')[-1]}"))
+            page.screenshot(path=str(SCREENSHOT_DIR / shot), full_page=True)
+    assert (SCREENSHOT_DIR / "all_widgets_dark.png").stat().st_size > 10_000

@@ -157,7 +157,7 @@ function render({ model, el, host }) {
         + "display(panel.timeline_widget) in a cell to see the timeline" }));
       return;
     }
-    const slot = h("div", { class: "rp-figure" });
+    const slot = h("div", { class: "rp-figure sbplab-plotly" });  // the figure's own theme stylesheet applies here
     timeline.append(slot);
     try {
       const widget = await host.getWidget(ref);

@@ -44,7 +44,8 @@ __all__ = ["KINDS", "Bar", "Gap", "compare_timelines", "event_kind", "fmt_us", "
            "timeline_bars", "trace_events"]
 
 PX_PER_LANE = 30  # figure pixels per compute-lane height
-MEMORY_ROW = 0.3  # the memory track's share of the figure's height
+MEMORY_ROW = 0.3  # the memory track's height against the lanes
+MEMORY_MIN = 3.0  # and at least this many lanes' height, so its axis reads
 
 
 def _prepare(trace: Any, step: int | None, ranks: Iterable[Any] | None) -> list[Bar]:
@@ -112,7 +113,7 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
     lane_h = max(1.0, Lanes.of(bars).total)
     if tracks:
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                            row_heights=[lane_h, max(1.5, lane_h * MEMORY_ROW)], figure=figure_class()())
+                            row_heights=[lane_h, max(MEMORY_MIN, lane_h * MEMORY_ROW)], figure=figure_class()())
         marks = Marks((1, 1), set())
     else:
         fig, marks = figure_class()(), Marks(None, set())
@@ -135,7 +136,7 @@ def timeline(trace: Any, other: Any = None, *, title: str | None = None, step: i
     head = title or _label_of(trace, "timeline")
     if step is not None:
         head += f", step {step}"
-    _layout(fig, lanes.total + (max(1.5, lane_h * MEMORY_ROW) if tracks else 0), f"{head}: {fmt_us(span_us(bars))}")
+    _layout(fig, lanes.total + (max(MEMORY_MIN, lane_h * MEMORY_ROW) if tracks else 0), f"{head}: {fmt_us(span_us(bars))}")
     return fig
 
 
