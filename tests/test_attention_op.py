@@ -93,7 +93,7 @@ def _attention_splits(step) -> list[str]:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name,strategy,split", [
-    ("nanogpt", "dp", "S(0)"), ("llama", "tp", "S(1)"), ("bert", "tp", "S(1)"), ("bert", "dp", "S(0)"),
+    ("nanogpt", "dp", "S(0)"), ("llama", "tp", "S(1)"), ("bert", "tp", "S(1)"),
 ])
 def test_sdpa_models_train_like_torch(cluster, name, strategy, split):
     built = corpus.build(name, attn="sdpa")
