@@ -83,8 +83,12 @@ class MeshFloors:
         for a in range(len(self.mesh_shape)):
             at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, meta.dtype.itemsize, numel(meta.shape),
                                 self.hw)
-            rows = np.array([at[s[a]] for s in srcs], dtype=np.int64)
-            cols = np.array([at[t[a]] for t in dsts], dtype=np.int64)
+            if any(s[a] not in at for s in srcs) or any(t[a] not in at for t in dsts):
+                # a strided split S(d, chunks=k): no walk prices it, so its floor on this axis is 0
+                d = np.pad(d, ((0, 1), (0, 1)))
+            other = len(at)
+            rows = np.array([at.get(s[a], other) for s in srcs], dtype=np.int64)
+            cols = np.array([at.get(t[a], other) for t in dsts], dtype=np.int64)
             out += d[np.ix_(rows, cols)]
         return out
 

@@ -25,7 +25,7 @@ import numpy as np
 from ..boxing import plan_boxing
 from ..boxing.costs import edge_cost, state_ok
 from ..boxing.kinds import kind_of
-from ..boxing.route import Route, apply_hops, partial_ops, routes_from, seconds_from
+from ..boxing.route import BoxingError, Route, apply_hops, partial_ops, routes_from, seconds_from
 from ..boxing.state_graph import StateGraph, state_graph
 from ..compiler.deduction.deduce import is_local_change
 from ..hardware import Hardware
@@ -133,7 +133,21 @@ class BoxTable:
         return self._planned(src, dst) if t is None else t  # no route: the planner answers, or says why
 
     def _planned(self, src: NdSbp, dst: NdSbp) -> float:
+        if _strided(src) or _strided(dst):  # no collective moves a strided split: the pair is never taken
+            try:
+                return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype,
+                                   hardware=self.hw).time_s
+            except BoxingError:
+                return UNREACHABLE_S
         return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype, hardware=self.hw).time_s
+
+
+UNREACHABLE_S = 3600.0  # the price of a boxing no route makes: an hour a step, beyond any strategy's time
+
+
+def _strided(nd: NdSbp) -> bool:
+    """A strided split (``S(d, chunks=k)``, a fused layer's layout) that only ops make and read."""
+    return any(getattr(x, "chunks", 1) > 1 for x in nd)
 
 
 class BoxPrices:
