@@ -86,14 +86,15 @@ def test_tensor_parallel_splits_llama_like_megatron():
     assert sbp["model.layers.0.self_attn.o_proj.weight"] == (sl.S(1),)
 
 
-def test_tensor_parallel_says_why_fused_qkv_stays_whole():
-    """GPT-2's fused c_attn is split into q, k, v along the split features: that pair cannot hold
-    without communication, and the report says so; its Conv1D MLP (weights stored (in, out)) pairs."""
+def test_tensor_parallel_splits_fused_qkv_per_head():
+    """GPT-2's fused c_attn, split into q, k, v, pairs with c_proj through a strided split (each rank its
+    heads of q, of k and of v); its Conv1D MLP (weights stored (in, out)) pairs too."""
     paired, broken, step = _pairs("gpt2")
-    assert len(paired) == 2 and all("mlp.c_fc" in p and "mlp.c_proj" in p for p in paired)
-    assert any("attn.c_attn" in b and "split.Tensor" in b for b in broken)
+    assert len(paired) == 4 and sum("attn.c_attn" in p and "attn.c_proj" in p for p in paired) == 2
+    assert not any("c_attn" in b for b in broken)  # (the preset leaves the output layer whole: vocab=False)
     assert step.deduction.sbp["transformer.h.0.mlp.c_fc.weight"] == (sl.S(1),)  # Conv1D: (in, out)
-    assert _forward_all_reduces(step) == 2
+    assert step.deduction.sbp["transformer.h.0.attn.c_attn.weight"] == (sl.S(1, chunks=3),)
+    assert _forward_all_reduces(step) == 4
 
 
 def test_tensor_parallel_that_splits_nothing_says_so():
