@@ -16,6 +16,7 @@ class DTensorPlacement:
 
     kind: str
     dim: int | None = None  # shard only: the tensor dim
+    split_factor: int = 1  # shard only: S(dim, chunks=k) is DTensor's _StridedShard(dim, split_factor=k)
     reduce_op: str = "sum"  # partial only: sum, max or min
 
     def __post_init__(self) -> None:
@@ -27,7 +28,7 @@ class DTensorPlacement:
     @staticmethod
     def of(x: SbpParallel) -> DTensorPlacement:
         if isinstance(x, Split):
-            return DTensorPlacement("shard", x.dim)
+            return DTensorPlacement("shard", x.dim, split_factor=x.chunks)
         if isinstance(x, Broadcast):
             return DTensorPlacement("replicate")
         if isinstance(x, Partial):
@@ -36,7 +37,7 @@ class DTensorPlacement:
 
     def __repr__(self) -> str:
         if self.kind == "shard":
-            return f"Shard({self.dim})"
+            return f"Shard({self.dim})" if self.split_factor == 1 else f"_StridedShard({self.dim}, sf={self.split_factor})"
         if self.kind == "replicate":
             return "Replicate()"
         return "Partial()" if self.reduce_op == "sum" else f"Partial({self.reduce_op!r})"
@@ -46,6 +47,10 @@ class DTensorPlacement:
         from torch.distributed.tensor import Partial as TPartial
         from torch.distributed.tensor import Replicate, Shard
 
+        if self.kind == "shard" and self.split_factor > 1:
+            from torch.distributed.tensor.placement_types import _StridedShard
+
+            return _StridedShard(self.dim, split_factor=self.split_factor)
         if self.kind == "shard":
             return Shard(self.dim)
         return Replicate() if self.kind == "replicate" else TPartial(self.reduce_op)

@@ -75,6 +75,11 @@ def blocks_of(plan: ActorPlan) -> dict[int, list[ShardBlock]]:
             if bad:
                 raise ClusterError(f"cannot checkpoint {plan.name!r}: State {a.key!r} on rank {r} is partial "
                                    f"({bad[0]}); only split (S) and replicated (B) state is stored")
+            strided = [x for x in a.sbp if x.chunks > 1]  # type: ignore[union-attr]
+            if strided:  # its piece of each of k chunks is k blocks; DCP's planner here writes one per State
+                raise ClusterError(f"cannot checkpoint {plan.name!r}: State {a.key!r} on rank {r} is a strided split "
+                                   f"({strided[0]}, a fused QKV layer's per-head layout), which is no single block "
+                                   f"of {a.key!r}; only contiguous splits (S(i)) and replicated (B) state is stored")
             states.append((r, a))
             got = layout.setdefault(a.key, (a.placement, tuple(a.sbp), {}))
             if got[0] == a.placement and got[1] == tuple(a.sbp):
