@@ -75,7 +75,7 @@ def blocks_of(plan: ActorPlan) -> dict[int, list[ShardBlock]]:
             if bad:
                 raise ClusterError(f"cannot checkpoint {plan.name!r}: State {a.key!r} on rank {r} is partial "
                                    f"({bad[0]}); only split (S) and replicated (B) state is stored")
-            strided = [x for x in a.sbp if x.chunks > 1]  # type: ignore[union-attr]
+            strided = [x for x in a.sbp if isinstance(x, Split) and x.chunks > 1]
             if strided:  # its piece of each of k chunks is k blocks; DCP's planner here writes one per State
                 raise ClusterError(f"cannot checkpoint {plan.name!r}: State {a.key!r} on rank {r} is a strided split "
                                    f"({strided[0]}, a fused QKV layer's per-head layout), which is no single block "
