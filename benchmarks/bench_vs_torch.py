@@ -11,8 +11,10 @@ thread per rank:
 | Megatron tensor parallel   | DTensor ``parallelize_module`` (ColwiseParallel / RowwiseParallel) |
 | pipeline GPipe, 4 micro-b. | ``torch.distributed.pipelining`` ScheduleGPipe                   |
 | pipeline 1F1B, 4 micro-b.  | ``torch.distributed.pipelining`` Schedule1F1B                    |
+| interleaved 1F1B, 2/rank   | ``torch.distributed.pipelining`` ScheduleInterleaved1F1B         |
 
-Each sbplab pipeline row runs the schedule it is named after (``sl.presets.pipeline(..., schedule=)``:
+The interleaved rows hold two stages per rank (one more residual block per rank, so each rank has
+two pieces to hold). Each sbplab pipeline row runs the schedule it is named after (``sl.presets.pipeline(..., schedule=)``:
 the same per-rank order of forwards and backwards as its torch namesake, checked in
 ``tests/test_pipeline_schedules.py``), so the two sides of a row run the same schedule.
 
@@ -164,8 +166,36 @@ def _pipelining(schedule_name):
     return build
 
 
+def _interleaved(model, x, y, rank, world):
+    """Two stages per rank (rank r holds stages r and r + world), torch's interleaved 1F1B."""
+    from torch.distributed import pipelining
+
+    layers = [model.proj_in, *model.blocks, model.head]
+    n = 2 * world
+    cuts = [round(i * len(layers) / n) for i in range(n + 1)]
+    dev = torch.device("cuda", rank) if DEVICE == "cuda" else torch.device("cpu")
+    mods = [nn.Sequential(*layers[cuts[s]:cuts[s + 1]]) for s in (rank, rank + world)]
+    stages = [pipelining.PipelineStage(m, s, n, dev) for m, s in zip(mods, (rank, rank + world))]
+    sched = pipelining.ScheduleInterleaved1F1B(stages, MICRO, loss_fn=F.cross_entropy)
+    opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=LR)
+
+    def step():
+        opt.zero_grad()
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            sched.step(x)
+        elif rank == world - 1:
+            sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        opt.step()
+        return torch.stack(losses).mean() if losses else torch.zeros(())
+    return step
+
+
 PEERS = {"ddp": _ddp, "fsdp2": _fsdp2, "dtensor": _dtensor_tp,
-         "gpipe": _pipelining("ScheduleGPipe"), "1f1b": _pipelining("Schedule1F1B")}
+         "gpipe": _pipelining("ScheduleGPipe"), "1f1b": _pipelining("Schedule1F1B"),
+         "interleaved_1f1b": _interleaved}
 
 
 def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn, device="cpu"):
@@ -206,7 +236,7 @@ def _peer_worker(rank, world, port, peer, width, blocks, warm, n, rounds, conn, 
 
 
 # --- sbplab ----------------------------------------------------------------------------------------
-PIPELINES = ("gpipe", "1f1b")  # sbplab's schedule of that name against torch's namesake
+PIPELINES = ("gpipe", "1f1b", "interleaved_1f1b")  # sbplab's schedule of that name against torch's namesake
 
 
 def sbplab_strategy(kind: str, world: int) -> sl.Strategy:
@@ -216,17 +246,21 @@ def sbplab_strategy(kind: str, world: int) -> sl.Strategy:
         return sl.presets.zero(world, shard_params=True)
     if kind == "tp":
         return sl.presets.tensor_parallel(world)
+    if kind == "interleaved_1f1b":  # two stages per rank: stage s on rank s % world
+        return sl.Strategy(sl.mesh(pp=world), [sl.Pipeline("pp", MICRO, schedule=kind, stages_per_rank=2)],
+                           name=f"pipeline interleaved 1F1B x{world}")
     return sl.presets.pipeline(world, MICRO, schedule=kind)
 
 
 PAIRS = [("data parallel", "dp", "ddp", "DDP"), ("ZeRO-3", "zero3", "fsdp2", "FSDP2 fully_shard"),
          ("tensor parallel", "tp", "dtensor", "DTensor parallelize_module"),
          ("pipeline GPipe", "gpipe", "gpipe", "pipelining ScheduleGPipe"),
-         ("pipeline 1F1B", "1f1b", "1f1b", "pipelining Schedule1F1B")]
+         ("pipeline 1F1B", "1f1b", "1f1b", "pipelining Schedule1F1B"),
+         ("interleaved 1F1B", "interleaved_1f1b", "interleaved_1f1b", "ScheduleInterleaved1F1B")]
 
 
 def bench_pair(cluster, world: int, width: int, kind: str, peer: str, warm: int, n: int, rounds: int):
-    blocks = max(1, world - 1) if kind in PIPELINES else 1
+    blocks = (2 * world - 1 if kind == "interleaved_1f1b" else max(1, world - 1)) if kind in PIPELINES else 1
     model, x, y = make_model(width, blocks)
     step = sl.compile(model, (x,), loss_fn=model.loss_fn, target=y, optimizer=sl.SGD(lr=LR),
                       strategy=sbplab_strategy(kind, world))
@@ -282,7 +316,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="N at width 2048; a narrower width runs more (see below)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None,
-                    help="sbplab strategies to run: dp zero3 tp gpipe 1f1b (pipe: both pipelines)")
+                    help="sbplab strategies to run: dp zero3 tp gpipe 1f1b interleaved_1f1b (pipe: every pipeline)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, one GPU per rank")
     a = ap.parse_args()
     global DEVICE
