@@ -35,9 +35,9 @@ def fake_group():
 def _torch_order(cls, n: int, micro: int, v: int = 1) -> dict[int, list[str]]:
     """torch's ``pipeline_order`` as "stage kind micro" strings per rank, idle slots and the final
     gradient reduction dropped."""
-    stages = [PipelineStage(torch.nn.Linear(2, 2), r * 1 + k * n, n * v, torch.device("cpu"))
-              for r in (0,) for k in range(v)]
-    sched = cls(stages if v > 1 or cls is ScheduleInterleaved1F1B else stages[0], micro)
+    # this process is rank 0 of the fake group: it holds stages 0, n, 2n, ... (torch's layout)
+    stages = [PipelineStage(torch.nn.Linear(2, 2), k * n, n * v, torch.device("cpu")) for k in range(v)]
+    sched = cls(stages if cls is ScheduleInterleaved1F1B else stages[0], micro)
     out = {}
     for r, acts in sched.pipeline_order.items():
         out[r] = [f"{a.stage_index}{a.computation_type.value}{a.microbatch_index}" for a in acts
