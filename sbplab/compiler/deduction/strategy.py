@@ -261,6 +261,10 @@ class Strategy:
 
     def _targets(self, graph: Graph, h: Hint, by_role: dict[str | None, list[str]]) -> list[str]:
         if h.input_grad is None:
+            if not any(c in h.pattern for c in "*?["):  # one name (tensor parallel's hints): no scan
+                t = graph.tensors.get(h.pattern)
+                hit = t is not None and (h.role is None or t.role == h.role)
+                return [h.pattern] if hit and (h.only is None or h.pattern in h.only) else []
             match = _glob(h.pattern)
             return [n for n in by_role[h.role] if match(n) and (h.only is None or n in h.only)]
         out = []
