@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +183,19 @@ class Machine(Hardware):
         """The node rank ``rank`` lives on (ranks fill nodes in order, as torchrun numbers them)."""
         return rank // self.devices_per_node
 
+    @cached_property
+    def _group_links(self) -> dict[tuple[int, ...], tuple[float, float]]:
+        return {}  # group -> group_link: a simulation asks for the same few groups on every rank
+
     def group_link(self, ranks: tuple[int, ...] | list[int]) -> tuple[float, float]:
         """(latency s per ring step, bus bandwidth bytes/s per rank) of a collective over ``ranks``."""
+        key = tuple(ranks)
+        hit = self._group_links.get(key)
+        if hit is None:
+            hit = self._group_links[key] = self._group_link(key)
+        return hit
+
+    def _group_link(self, ranks: tuple[int, ...]) -> tuple[float, float]:
         inner = self.levels[-1]
         per_node: dict[int, int] = {}
         for r in ranks:
