@@ -3,8 +3,11 @@
 
 Per model and strategy: the export's mode, the share of the step's ATen ops (forward and backward) that
 DTensor's own sharding propagation runs exactly as sbplab does (``export.coverage``), the share once the
-export adds redistributes, the ops only ``local_map`` can run (and how many calls the export wraps in
-``local_map``), and, with ``--train``, whether the exported model trains on Gloo ranks with losses equal
+inputs are redistributed to sbplab's layout, the ops only ``local_map`` can run, the ops the export runs
+inside its ``local_map`` calls (attention, and whole modules: RNNs, MoE experts, convolutions), the
+``local_map``-only ops it leaves unexpressed, the share it expresses (every op but those: DTensor runs
+the rest by its own rules, the ``redistribute`` ones with DTensor's own communication), its module
+hooks, and, with ``--train``, whether the exported model trains on Gloo ranks with losses equal
 to single-device torch (3 steps of SGD).
 
     .venv/bin/python benchmarks/bench_dtensor_export.py [--models gpt2,llama] [--strategies dp,tp] [--no-search] [--train]
@@ -22,7 +25,7 @@ import torch
 
 import sbplab as sl
 from sbplab.export import to_dtensor
-from sbplab.export.coverage import coverage
+from sbplab.export.coverage import coverage, wrapped_by
 from sbplab.models import corpus
 
 STRATEGIES = ("dp", "zero3", "tp", "dp_tp", "pipeline")
@@ -132,8 +135,9 @@ def main() -> None:
     names = args.strategies.split(",") + ([] if args.no_search else ["searched"])
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus")
     print("| model | strategy | DTensor mode | ATen ops | by propagation | with redistributes | local_map only "
-          "| wrapped in local_map | check s |" + (" trains (max loss diff) |" if args.train else ""))
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if args.train else ""))
+          "| ops in the export's local_maps | not expressed | expressed by the export | module hooks | check s |"
+          + (" trains (max loss diff) |" if args.train else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.train else ""))
     for model in args.models.split(","):
         for strategy in names:
             try:
@@ -146,9 +150,11 @@ def main() -> None:
                 print(f"| {model} | {strategy} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} |", flush=True)
                 continue
             k = cov.kinds
+            wrapped, left = wrapped_by(cov, exp)
+            hooks = f"{len(exp.module_outputs)} output, {len(exp.module_maps)} local_map"
             row = (f"| {model} | {label if strategy == 'searched' else strategy} | {exp.mode} | {cov.total} | "
                    f"{cov.fraction:.1%} | {cov.fraction_with_redistributes:.1%} | {k['local_map']} | "
-                   f"{len(exp.local_maps)} | {dt:.1f} |")
+                   f"{wrapped} | {left} | {1 - left / cov.total:.1%} | {hooks} | {dt:.1f} |")
             if args.train:
                 row += f" {_trains(built, exp, model)} |"
             print(row, flush=True)

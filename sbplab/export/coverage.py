@@ -248,3 +248,23 @@ def _of_torch(p: Any) -> Any:
     if type(p) is TPartial and p.reduce_op in ("sum", "max", "min"):
         return Partial(p.reduce_op)
     return ("other", repr(p))  # _StridedShard, _MaskPartial, avg: nothing sbplab says
+
+
+def wrapped_by(cov: Coverage, exp: Any) -> tuple[int, int]:
+    """(ops the export runs through ``local_map``, ``local_map``-only ops it leaves unexpressed): an op is
+    wrapped when it is an attention call the export maps (``exp.local_maps``), forward or backward, or lies
+    in a module the export runs on its shards (``exp.module_maps``)."""
+    from .local_maps import TORCH_FUNCTIONS
+
+    modules = [m.module for m in exp.module_maps]
+    attention = tuple(t.rsplit(".", 1)[0] for t in TORCH_FUNCTIONS)
+
+    def inside(v: OpVerdict) -> bool:
+        if exp.local_maps and v.type.startswith(attention):
+            return True
+        return any(v.module == m or v.module.startswith(m + ".") for m in modules)
+
+    wrapped = sum(1 for v in cov.verdicts if inside(v))
+    left = sum(1 for v in cov.verdicts if v.kind == "local_map" and not inside(v))
+    return wrapped, left
+
