@@ -68,7 +68,7 @@ def show(fig: Any) -> Any:
     import plotly.io as pio
     from IPython.display import display
 
-    bundle = pio._renderers.renderers._build_mime_bundle(fig.to_dict(), "plotly_mimetype")
+    bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
     try:
         w = themed_widget(fig)
         view = w._repr_mimebundle_()
