@@ -84,7 +84,7 @@ def _forward_cuda(q, k, v, mask, is_causal, scale):
         return out, lse.float()
     out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, _float_mask(mask, q), True, 0.0, is_causal,
                                                             scale=_scale(q, scale))[:2]
-    return out, lse[..., : q.shape[2]].float().contiguous()  # the kernel pads rows to a multiple of 32
+    return out, lse[..., : q.shape[2]].float().contiguous()  # CUDA pads rows to a multiple of 32 (ROCm does not)
 
 
 @scaled_dot_product_attention.register_fake
@@ -116,7 +116,7 @@ def _backward_cuda(grad, q, k, v, mask, out, lse, is_causal, scale):
             grad, q, kr, vr, out, lse, None, None, q.shape[2], kr.shape[2], 0.0, is_causal, no_rng, no_rng,
             scale=_scale(q, scale))
     else:
-        pad = (-lse.shape[-1]) % 32
+        pad = 0 if torch.version.hip else (-lse.shape[-1]) % 32  # CUDA's kernel keeps rows padded to 32
         lse_padded = F.pad(lse, (0, pad)) if pad else lse
         gq, gk, gv, _ = aten._scaled_dot_product_efficient_attention_backward(
             grad, q, kr, vr, _float_mask(mask, q), out, lse_padded, no_rng, no_rng, 0.0, [True, True, True, False],
