@@ -29,6 +29,7 @@ from ..boxing.route import BoxingError, Route, apply_hops, partial_ops, routes_f
 from ..boxing.state_graph import StateGraph, state_graph
 from ..compiler.deduction.deduce import is_local_change
 from ..hardware import Hardware
+from ..layout import LayoutError
 from ..ops.registry import TensorMeta
 from ..placement import Placement
 from ..sbp import REDUCE_OPS, Broadcast, NdSbp, Partial, Split
@@ -137,7 +138,7 @@ class BoxTable:
             try:
                 return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype,
                                    hardware=self.hw).time_s
-            except BoxingError:
+            except (BoxingError, LayoutError):  # no route, or a strided split that cannot share its dim
                 return UNREACHABLE_S
         return plan_boxing(self.shape, src, dst, self.placement, None, dtype=self.meta.dtype, hardware=self.hw).time_s
 
