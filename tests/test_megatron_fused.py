@@ -119,6 +119,22 @@ def test_fused_output_splits_into_q_k_v_and_back_on_shards():
     assert any(s.inputs == (strided,) and s.outputs == ((sl.S(2),),) * 3 for s in split)
 
 
+def test_target_logit_pick_on_vocabulary_shards():
+    """The cross entropy's masked pick of each target's logit and its backward, on shards against torch's
+    gather and scatter (every valid signature on 2 ranks: vocabulary split -> partial, batch split)."""
+    mesh = sl.Placement("cpu", 2)
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(6, 10, generator=g), torch.tensor([0, 9, 4, 5, -100, 7])
+    grad = torch.randn(6, generator=g)
+    pick = lambda x, t: torch.where(t >= 0, x.gather(1, t.clamp(min=0)[:, None])[:, 0], 0.0)  # noqa: E731
+    scatter = lambda d, t: torch.zeros(6, 10).scatter(1, t.clamp(min=0)[:, None], torch.where(t >= 0, d, 0.0)[:, None])  # noqa: E731
+    n = check_signature_numerics("sbplab.pick_logit.default", (logits, target), _attrs(Slot(0), Slot(1)), mesh,
+                                 gen=g, reference=pick)
+    m = check_signature_numerics("sbplab.pick_logit_backward.default", (grad, target), _attrs(Slot(0), Slot(1), 10),
+                                 mesh, gen=g, reference=scatter)
+    assert n >= 3 and m >= 3  # vocabulary split, batch split, partial (and all-B)
+
+
 # --- tensor parallel on real models: collective counts and training ------------------------------------
 
 def _tp(n: int, **kw) -> sl.Strategy:

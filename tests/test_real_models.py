@@ -75,12 +75,15 @@ def _forward_all_reduces(step) -> int:
 
 def test_tensor_parallel_splits_llama_like_megatron():
     """Llama (separate q, k, v with grouped-query heads, RoPE, SwiGLU): per layer one attention pair
-    (q, k, v -> o) and one MLP pair (gate, up -> down), one forward all-reduce each, as Megatron."""
+    (q, k, v -> o) and one MLP pair (gate, up -> down), one forward all-reduce each, as Megatron; the
+    preset splits the vocabulary too (its loss runs on vocabulary shards): + the embedding's all-reduce
+    and the cross entropy's row max and sum of exponentials."""
     paired, _, step = _pairs("llama")
     assert len(paired) == 4
     assert sum("q_proj" in p and "k_proj" in p and "v_proj" in p and "o_proj" in p for p in paired) == 2
     assert sum("gate_proj" in p and "up_proj" in p and "down_proj" in p for p in paired) == 2
-    assert _forward_all_reduces(step) == 4
+    assert _forward_all_reduces(step) == 4 + 1 + 2
+    assert step.deduction.sbp["lm_head.weight"] == (sl.S(0),)
     sbp = step.deduction.sbp
     assert sbp["model.layers.0.self_attn.q_proj.weight"] == (sl.S(0),)  # (out, in): split by output features
     assert sbp["model.layers.0.self_attn.o_proj.weight"] == (sl.S(1),)
@@ -91,10 +94,10 @@ def test_tensor_parallel_splits_fused_qkv_per_head():
     heads of q, of k and of v); its Conv1D MLP (weights stored (in, out)) pairs too."""
     paired, broken, step = _pairs("gpt2")
     assert len(paired) == 4 and sum("attn.c_attn" in p and "attn.c_proj" in p for p in paired) == 2
-    assert not any("c_attn" in b for b in broken)  # (the preset leaves the output layer whole: vocab=False)
+    assert not any("c_attn" in b for b in broken)  # (lm_head is no pair: it splits over the vocabulary alone)
     assert step.deduction.sbp["transformer.h.0.mlp.c_fc.weight"] == (sl.S(1),)  # Conv1D: (in, out)
     assert step.deduction.sbp["transformer.h.0.attn.c_attn.weight"] == (sl.S(1, chunks=3),)
-    assert _forward_all_reduces(step) == 4
+    assert _forward_all_reduces(step) == 4 + 1 + 2  # the pairs, the embedding, the cross entropy
 
 
 def test_tensor_parallel_that_splits_nothing_says_so():

@@ -27,6 +27,7 @@ from ..runtime.results import Batches
 from .deduction.deduce import Deduction, deduce
 from .deduction.presets import as_mesh
 from .deduction.strategy import Strategy, bind_device
+from .frontend.vocab_cross_entropy import sharded_loss, splits_vocabulary
 from .ir import Graph
 from .lowering.feeds import step_feeds
 from .lowering.to_actors import lower_to_actors
@@ -163,6 +164,7 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
                              f"{type(strategy).__name__}")
     strategy = bind_device(strategy or Strategy(as_mesh(1), name="single device"), device)
     optimizer = as_optimizer(optimizer)  # refused before tracing, with the sbplab optimizer to write instead
-    g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer,
-                             capture=capture, precision=strategy.precision)
+    with sharded_loss(splits_vocabulary(strategy)):  # the cross entropy written for vocabulary shards
+        g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer,
+                                 capture=capture, precision=strategy.precision)
     return compile_training_graph(g, strategy, hardware)

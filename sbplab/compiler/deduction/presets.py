@@ -49,7 +49,8 @@ def as_mesh(mesh: Placement | int | Sequence[int], axis_names: tuple[str, ...] |
     return Placement(None, ranks, axis_names)
 
 
-def _tp(axis: int, column: Sequence[str], row: Sequence[str], sequence_parallel: bool, vocab: bool) -> TensorParallel:
+def _tp(axis: int, column: Sequence[str], row: Sequence[str], sequence_parallel: bool,
+        vocab: bool | None) -> TensorParallel:
     return TensorParallel(axis, sequence_parallel, tuple(column), tuple(row), vocab=vocab, required=False)
 
 
@@ -61,10 +62,12 @@ def data_parallel(mesh: Placement | int, micro_batches: int = 1) -> Strategy:
 
 
 def tensor_parallel(mesh: Placement | int, column: Sequence[str] = COLUMN, row: Sequence[str] = ROW,
-                    micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool = False) -> Strategy:
-    """Megatron: column-parallel then row-parallel layers, one all-reduce per pair forward and backward;
-    ``vocab=True`` also splits the embedding and the output layer over the vocabulary (what
-    ``sl.TensorParallel`` does by default; the preset keeps its first behaviour, which tutorials show)."""
+                    micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool | None = None) -> Strategy:
+    """Megatron: column-parallel then row-parallel layers, one all-reduce per pair forward and backward.
+    The embedding and the output layer are split over the vocabulary where that is right (``vocab=None``):
+    where the loss runs on vocabulary shards (a captured model's cross entropy), so the logits are never
+    gathered; ``vocab=True`` splits them everywhere (the logits gathered where the loss needs them whole),
+    ``vocab=False`` never."""
     pl = as_mesh(mesh)
     if pl.ndim != 1:
         raise InputError(f"tensor_parallel needs a 1-D mesh, got shape {pl.shape}; for data parallel x tensor "
@@ -74,7 +77,7 @@ def tensor_parallel(mesh: Placement | int, column: Sequence[str] = COLUMN, row: 
 
 
 def dp_tp(mesh: Placement | Sequence[int], column: Sequence[str] = COLUMN, row: Sequence[str] = ROW,
-          micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool = False) -> Strategy:
+          micro_batches: int = 1, sequence_parallel: bool = False, vocab: bool | None = None) -> Strategy:
     """2-D mesh (dp, tp): batch split on axis 0, Megatron on axis 1 (``vocab`` as in ``tensor_parallel``)."""
     pl = as_mesh(mesh, ("dp", "tp") if isinstance(mesh, (tuple, list)) and len(mesh) == 2 else None)
     if pl.ndim != 2:

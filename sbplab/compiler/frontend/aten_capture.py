@@ -43,7 +43,7 @@ from .aten_decomp import decompositions
 from .fx_trace import source_of
 from .layer_repeat import cut_to, find_layer_stack, repeat_layers
 from .layer_repeat import enabled as repeat_enabled
-from .vocab_cross_entropy import VocabShardedCrossEntropy
+from .vocab_cross_entropy import capture_mode
 
 SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
            "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"}
@@ -179,7 +179,7 @@ def _joint(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int,
             if autocast is not None:
                 stack.enter_context(torch.autocast("cpu", dtype=autocast))
             stack.enter_context(AttentionMode())  # SDPA as one op whose kernel the device picks
-            stack.enter_context(VocabShardedCrossEntropy())  # logits may stay split by vocabulary
+            stack.enter_context(capture_mode())  # a strategy splitting the vocabulary: the loss on its shards
             ep = torch.export.export(step, traced_flat, strict=False)
             joint = aot_export_joint_with_descriptors(stack, ep.module(), traced_flat, decompositions=decompositions())
     except SbplabError:

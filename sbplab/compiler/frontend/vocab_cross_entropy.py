@@ -13,11 +13,17 @@ communication backward. The capture writes the same loss in ops that say exactly
 
 The max is only a shift for stability (the loss does not depend on it, so it carries no gradient); the
 backward autograd derives is softmax minus the one-hot target, each rank on its own columns. With the logits
-whole the ops compute the same loss as torch (to rounding). Only the plain call is rewritten: class indices,
-classes in dim 1 of 2-D logits, no class weights, no label smoothing; any other call is torch's own.
+whole the ops compute the same loss as torch (to rounding: the gradient is not bit for bit torch's, which
+low-precision gradients and optimizer states amplify). So the capture writes it only for a strategy that
+splits the vocabulary (``sharded_loss``, set by ``sl.compile``). Only the plain call is rewritten: class
+indices, classes in dim 1 of 2-D logits, no class weights, no label smoothing; any other call is torch's.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +32,27 @@ from torch.overrides import TorchFunctionMode
 from ...ops.aten.vocab_parallel import log_saving_output, pick_logit
 
 REDUCTIONS = ("mean", "sum", "none")
+_SHARDED: ContextVar[bool] = ContextVar("sbplab_sharded_loss", default=False)
+
+
+@contextlib.contextmanager
+def sharded_loss(on: bool = True) -> Iterator[None]:
+    """While active (``on``), the ATen capture writes plain cross entropies for vocabulary shards."""
+    token = _SHARDED.set(on)
+    try:
+        yield
+    finally:
+        _SHARDED.reset(token)
+
+
+def splits_vocabulary(strategy) -> bool:
+    """Whether ``strategy`` has a tensor-parallel rule that may split the vocabulary."""
+    return any(type(r).__name__ == "TensorParallel" and r.vocab is not False for r in getattr(strategy, "rules", ()))
+
+
+def capture_mode() -> contextlib.AbstractContextManager:
+    """What the capture enters: the rewrite when ``sharded_loss`` is on, else nothing."""
+    return VocabShardedCrossEntropy() if _SHARDED.get() else contextlib.nullcontext()
 
 
 def _plain(args: tuple, kwargs: dict) -> bool:
@@ -45,6 +72,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
                   ignore_index: int = -100, reduce=None, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> torch.Tensor:
     """``F.cross_entropy(input (N, V), target (N,))`` as a log-sum-exp minus the target's logit."""
+    if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
+        input = input.float()  # autocast runs torch's cross entropy in fp32: so does this one
     m = torch.amax(input, dim=1, keepdim=True).detach()  # (N, 1)  a shift: the loss does not depend on it
     z = torch.exp(input - m).sum(dim=1)  # (N,)
     valid = (target != ignore_index).to(input.dtype)  # (N,)

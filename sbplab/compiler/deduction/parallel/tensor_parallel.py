@@ -10,8 +10,12 @@
 - the embedding over the vocabulary (VocabParallelEmbedding): each rank looks up the ids in its rows,
   zeros for the rest, a partial sum all-reduced.
 - the output layer over the vocabulary: the language-model head whose output features are the
-  vocabulary, its logits gathered for the loss (Megatron's ``gather_output``; a cross entropy on
-  vocabulary shards is not expressible as one op here, see docs/architecture.md).
+  vocabulary. A captured model's cross entropy is written for vocabulary shards
+  (``frontend/vocab_cross_entropy.py``): its logits are never gathered, the row max and the sum of
+  exponentials are all-reduced (Megatron's vocab-parallel cross entropy). Elsewhere (the fx path's fused
+  ``cross_entropy``) the logits are gathered for the loss (Megatron's ``gather_output``).
+- fused QKV layers (one weight for q, k and v, its output cut into them): split per head of each with a
+  strided split, ``S(d, chunks=3)`` (``megatron.fused_chunks``).
 - ``sequence_parallel``: the row outputs and the embedding are reduce-scattered over the sequence
   (``S(1)`` of ``(B, T, C)``, ``S(0)`` of a flattened ``(B*T, C)``) instead of all-reduced, the norms and
   residual adds between blocks run on sequence shards, and each column layer's input is all-gathered.
@@ -45,7 +49,8 @@ EMBEDDINGS = ("embedding", "aten.embedding.default")  # (ids, weight) and (weigh
 class TensorParallel(ParallelRule):
     """Megatron tensor parallel over mesh axis ``axis`` (see the module docstring).
 
-    ``vocab``: also split the embedding and the output layer over the vocabulary. ``required``: a rule
+    ``vocab``: also split the embedding and the output layer over the vocabulary; ``None`` (the presets'):
+    only where the loss runs on vocabulary shards, so the logits are never gathered. ``required``: a rule
     that splits nothing in the model is a ``TensorParallelError`` at compile time (False: a
     ``TensorParallelWarning``, what the presets use since their defaults meet every model). User
     ``column``/``row`` globs must each name a layer."""
@@ -54,7 +59,7 @@ class TensorParallel(ParallelRule):
     sequence_parallel: bool = False
     column: tuple[str, ...] = COLUMN
     row: tuple[str, ...] = ROW
-    vocab: bool = True
+    vocab: bool | None = True
     required: bool = True
 
     splits_weights: ClassVar[bool] = True
@@ -104,7 +109,9 @@ class TensorParallel(ParallelRule):
         self.check_globs(graph, pairing)
         hints = _pair_hints(ctx, pairing)
         lines, warns = pairing.lines(), []
-        embeds, heads = ([], []) if not self.vocab else _vocab(ctx, pairing, tp)
+        embeds, heads = ([], []) if self.vocab is False else _vocab(ctx, pairing, tp)
+        if self.vocab is None and not any(ok and _sharded_loss(graph, op.outputs[0]) for _, op, ok, _ in heads):
+            embeds, heads = [], []  # the logits would be gathered: the vocabulary stays whole (vocab=True splits it)
         for kind, op, ok, why in embeds + heads:
             logits = ", its logits split by vocabulary into the cross entropy (never gathered)" \
                 if _sharded_loss(graph, op.outputs[0]) else ", its logits gathered for the loss"
