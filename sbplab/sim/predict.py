@@ -20,7 +20,6 @@ from ..hardware import Hardware, op_key
 from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
 from ..runtime.fusion import fuse_chains
-from ..runtime.memory_peak import categories as categories_of
 from ..runtime.specs import State
 from .comm_time import CommInfo
 from .engine import Engine
@@ -134,9 +133,9 @@ def _add_optimizer_traffic(plan: ActorPlan, costs: dict[int, list[FiringCost]], 
     """Per rank, the seconds of ``per_param`` bytes per parameter element it keeps (a framework's optimizer
     traffic beyond the graph's update), spread over the rank's update kernels in proportion to their own."""
     for r, rp in plan.ranks.items():
-        cats = categories_of(rp.actors)
-        numel = sum(m.numel for a in rp.actors if isinstance(a, State) and cats[(a.name, 0)] == "parameters"
-                    for m in shapes[r][a.name].outputs)
+        states = {a.name for a in rp.actors if isinstance(a, State)}
+        params = {x.actor for a in rp.actors if a.phase != "update" for x in a.inputs if x.actor in states}
+        numel = sum(m.numel for name in params for m in shapes[r][name].outputs)  # parameters: read outside the update
         row = costs[r]
         upd = [i for i, a in enumerate(rp.actors) if a.lane != "comm" and a.phase == "update"
                and (row[i].measured or row[i].modelled)]
