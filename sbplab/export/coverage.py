@@ -227,12 +227,9 @@ def _lists(x: Any) -> Any:
 
 
 def _to_torch(x: Any) -> Any:
-    from torch.distributed.tensor import Partial as TPartial
-    from torch.distributed.tensor import Replicate, Shard
+    from .placements import DTensorPlacement
 
-    if isinstance(x, Split):
-        return Shard(x.dim)
-    return TPartial(x.op) if isinstance(x, Partial) else Replicate()
+    return DTensorPlacement.of(x).to_torch()  # a strided split is DTensor's _StridedShard
 
 
 def _of_torch(p: Any) -> Any:
@@ -243,11 +240,15 @@ def _of_torch(p: Any) -> Any:
 
     if type(p) is Shard:
         return Split(p.dim)
+    if type(p).__name__ == "_StridedShard":
+        return Split(p.dim, chunks=p.split_factor)
+    if type(p).__name__ == "_MaskPartial" and p.reduce_op == "sum":  # a vocabulary-split lookup: masked rows
+        return Partial("sum")  # summed, as sbplab's P of the same embedding
     if isinstance(p, Replicate):
         return B
     if type(p) is TPartial and p.reduce_op in ("sum", "max", "min"):
         return Partial(p.reduce_op)
-    return ("other", repr(p))  # _StridedShard, _MaskPartial, avg: nothing sbplab says
+    return ("other", repr(p))  # avg and the rest: nothing sbplab says
 
 
 def wrapped_by(cov: Coverage, exp: Any) -> tuple[int, int]:
