@@ -386,7 +386,7 @@ def test_a_trusted_notebook_with_saved_widget_state_draws_the_widget(lab_page):
     with notebook_page(lab_page, "kept.ipynb", "saved_notebook_state.png", run=False) as page:
         editor = page.locator(".jp-OutputArea-output .sbplab-se")
         summary, lost = editor.get_by_test_id("summary"), page.get_by_text("Error displaying widget: model not found")
-        expect(summary.or_(lost)).to_be_visible(timeout=90_000)
+        expect(summary.or_(lost)).to_be_attached(timeout=90_000)
         if lost.count():  # under load, ipywidgets can draw the output before it has restored the notebook's
             page.evaluate("window.jupyterapp.shell.currentWidget.context.revert()")  # models: drawn again, found
         expect(summary).to_contain_text("all_reduce", timeout=90_000)
