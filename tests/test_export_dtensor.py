@@ -213,6 +213,11 @@ def test_coverage_says_which_ops_dtensor_runs_as_sbplab():
     mms = [v for v in cov.verdicts if v.type in ("aten.mm.default", "aten.addmm.default")]
     assert mms and all(v.kind == "dtensor" for v in mms)
     assert "local_map" in exp.summary() and "DTensor expresses" in cov.summary()
+    # the vocabulary-split embedding's output is reduced once where it leaves, in the code a user pastes too
+    assert [m.module for m in exp.module_outputs] == ["transformer.wte"]
+    src = exp.code()
+    compile(src, "<export>", "exec")
+    assert "model.get_submodule('transformer.wte').register_forward_hook(leave_as([Replicate()]))" in src
 
 
 def _train_corpus(rank: int, world: int, port: int, exp: DTensorExport, name: str, queue) -> None:
