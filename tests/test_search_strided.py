@@ -1,0 +1,27 @@
+"""The search prices a strided split (a fused layer's ``S(d, chunks=k)``, which only ops make and read)
+as a boxing never taken where no collective moves it, and floors it at 0: a model with fused QKV layers
+is searched instead of failing on the first such pair."""
+
+from __future__ import annotations
+
+import torch
+
+import sbplab as sl
+from sbplab.ops.registry import TensorMeta
+from sbplab.sbp import B, S
+from sbplab.search.box_floors import FloorBoxes
+from sbplab.search.box_prices import UNREACHABLE_S, BoxPrices
+
+
+def test_a_strided_split_no_collective_moves_is_never_taken_and_floored_at_zero():
+    hw = sl.Hardware.h100_node()
+    meta = TensorMeta((8, 12, 16), torch.float32)
+    strided = S(1, chunks=3)
+    placement = sl.Placement(None, 4)
+    boxes = BoxPrices().for_mesh(placement, hw)
+    assert boxes.time(meta, (B,), (strided,)) == UNREACHABLE_S
+    assert boxes.time(meta, (strided,), (B,)) == UNREACHABLE_S
+    assert boxes.time(meta, (strided,), (strided,)) == 0.0
+    assert 0.0 < boxes.time(meta, (B,), (S(1),)) + boxes.time(meta, (S(1),), (B,)) < UNREACHABLE_S
+    floors = FloorBoxes().for_mesh(placement, hw).matrix(meta, [(B,), (strided,)], [(strided,), (S(1),)])
+    assert floors.shape == (2, 2) and floors[0, 0] == 0.0 and floors[1, 1] == 0.0
