@@ -9,6 +9,9 @@ module, with DCP alone, and its numbers are plain PyTorch's.
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -153,3 +156,60 @@ def test_periodic_checkpoints_and_what_load_refuses(cluster, tmp_path):
     with pytest.raises(sl.InputError, match="no checkpoint at"):
         cluster.load(sgd, tmp_path / "nothing")
     assert cluster.alive and cluster.run(again, batch, steps=1, progress=False).losses  # nothing was lost
+
+
+# --- a strided split (fused QKV under tensor parallel): each rank's value is k blocks of the tensor ---------
+
+def _nanogpt_step(opt, strategy):
+    from sbplab.models import corpus
+
+    built = corpus.build("nanogpt", batch=4, seq=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sl.TensorParallelWarning)
+        warnings.simplefilter("ignore", sl.ReplicatedOpWarning)
+        step = sl.compile(built.model, built.inputs, optimizer=opt, strategy=strategy)
+    return built, step
+
+
+def test_a_strided_split_saves_resumes_and_loads_under_data_parallel_and_into_torch(cluster, tmp_path):
+    """nanoGPT's fused QKV weight under tensor parallel is S(0, chunks=3): each rank writes its slice of q,
+    of k and of v as three blocks. Resume is bit-identical (Adam's moments strided too); the checkpoint
+    reads whole into a plain module; it loads under data parallel and back, training on like torch."""
+    pytest.importorskip("transformers")
+    adam = lambda: sl.Adam(lr=0.01)  # noqa: E731
+    built, tp = _nanogpt_step(adam(), sl.presets.tensor_parallel(2))
+    fused = "h.0.c_attn.weight"
+    assert tp.deduction.sbp[fused] == (sl.S(0, chunks=3),)
+    feeds = built.feeds()
+    first = cluster.run(tp, feeds, steps=2, progress=False)
+    path = cluster.save(tp, tmp_path / "tp")
+    on = cluster.run(tp, feeds, steps=2, progress=False)
+    _, again = _nanogpt_step(adam(), sl.presets.tensor_parallel(2))
+    assert cluster.load(again, path) == 2
+    resumed = cluster.run(again, feeds, steps=2, progress=False)
+    assert resumed.losses == on.losses
+    _same(resumed, on)
+
+    whole = read_checkpoint(path)  # the strided blocks put back in q, k, v order: the logical tensors
+    for name in (fused, f"{fused}.exp_avg", f"{fused}.exp_avg_sq"):
+        assert torch.equal(whole[name], first.params[name].full()), name
+    plain = copy.deepcopy(built.model)
+    load_checkpoint(plain, path)
+    want, _ = built.train_torch(4, lambda ps: torch.optim.Adam(ps, lr=0.01))
+    assert first.losses == pytest.approx(want[:2], abs=2e-5)
+    plain_tp = dict(plain.named_parameters())
+    for name in (fused, "h.1.c_attn.weight"):
+        assert torch.equal(plain_tp[name].detach(), first.params[name].full()), name
+
+    # TP (strided) -> DP -> TP, with the optimizer state, against torch's steps 3-5
+    _, dp = _nanogpt_step(adam(), sl.presets.data_parallel(2))
+    assert cluster.load(dp, path) == 2
+    under_dp = cluster.run(dp, feeds, steps=2, progress=False)
+    assert under_dp.losses == pytest.approx(want[2:], abs=2e-5)
+    assert under_dp.params[fused].sbp == (sl.B,)
+    back = cluster.save(dp, tmp_path / "dp")
+    _, tp2 = _nanogpt_step(adam(), sl.presets.tensor_parallel(2))
+    assert cluster.load(tp2, back) == 4
+    last = cluster.run(tp2, feeds, steps=1, progress=False)
+    want5, _ = built.train_torch(5, lambda ps: torch.optim.Adam(ps, lr=0.01))
+    assert last.losses == pytest.approx(want5[4:], abs=2e-5)

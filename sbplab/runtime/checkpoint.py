@@ -17,6 +17,7 @@ refused before any worker is asked to read it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -28,10 +29,10 @@ from typing import Any
 import torch
 
 from ..errors import ClusterError, InputError, InputTypeError
-from ..layout import local_block
+from ..layout import local_block, split_range
 from ..sbp import Broadcast, Split
 from .actor_plan import ActorPlan
-from .checkpoint_blocks import STEPS_KEY, ShardBlock
+from .checkpoint_blocks import STEPS_KEY, Piece, ShardBlock
 from .checkpoint_worker import CheckpointRequest
 from .specs import State, Zeros
 from .wire import recv, send
@@ -75,11 +76,6 @@ def blocks_of(plan: ActorPlan) -> dict[int, list[ShardBlock]]:
             if bad:
                 raise ClusterError(f"cannot checkpoint {plan.name!r}: State {a.key!r} on rank {r} is partial "
                                    f"({bad[0]}); only split (S) and replicated (B) state is stored")
-            strided = [x for x in a.sbp if isinstance(x, Split) and x.chunks > 1]
-            if strided:  # its piece of each of k chunks is k blocks; DCP's planner here writes one per State
-                raise ClusterError(f"cannot checkpoint {plan.name!r}: State {a.key!r} on rank {r} is a strided split "
-                                   f"({strided[0]}, a fused QKV layer's per-head layout), which is no single block "
-                                   f"of {a.key!r}; only contiguous splits (S(i)) and replicated (B) state is stored")
             states.append((r, a))
             got = layout.setdefault(a.key, (a.placement, tuple(a.sbp), {}))
             if got[0] == a.placement and got[1] == tuple(a.sbp):
@@ -96,8 +92,32 @@ def blocks_of(plan: ActorPlan) -> dict[int, list[ShardBlock]]:
                                f"{tuple(a.init.shape)}, but a block of {size} under {a.sbp} is {shape}")  # type: ignore
         first = layout[a.key]
         write = first[0] == a.placement and first[1] == tuple(a.sbp)
-        out[r].append(ShardBlock(a.name, a.key, size, tuple(s for s, _ in blk), shape, a.init.dtype, write))  # type: ignore
+        out[r].append(ShardBlock(a.name, a.key, size, tuple(s for s, _ in blk), shape, a.init.dtype, write,  # type: ignore
+                                 _strided_pieces(size, a.placement, tuple(a.sbp), r, blk)))
     return out
+
+
+def _strided_pieces(size: tuple[int, ...], placement: Any, sbp: tuple, rank: int,
+                    blk: tuple[tuple[int, int], ...]) -> tuple[Piece, ...]:
+    """The blocks of the logical tensor a rank's value under a strided split is made of (none for any
+    other layout: its value is the one block ``blk``).
+
+    Under ``S(d, chunks=k)`` on an axis of n places, dim d is k chunks of c = size[d] / k and place i
+    holds ``[a, b)`` of each (its balanced piece of c), end to end: block j is ``[j*c + a, j*c + b)`` of
+    the logical tensor and ``[j*(b-a), (j+1)*(b-a))`` of the local value. A strided split is the only
+    split of its dim (``layout``), so other dims keep their one range from ``blk``."""
+    per_dim: dict[int, list[tuple[int, int, int]]] = {}  # dim -> (logical start, local start, length)
+    coords = placement.coords(rank)
+    for axis, x in enumerate(sbp):
+        if isinstance(x, Split) and x.chunks > 1:
+            c = size[x.dim] // x.chunks
+            a, b = split_range(c, placement.shape[axis], coords[axis])
+            per_dim[x.dim] = [(j * c + a, j * (b - a), b - a) for j in range(x.chunks)]
+    if not per_dim:
+        return ()
+    ranges = [per_dim.get(d, [(s, 0, e - s)]) for d, (s, e) in enumerate(blk)]
+    return tuple(Piece(tuple(r[0] for r in combo), tuple(r[1] for r in combo), tuple(r[2] for r in combo))
+                 for combo in itertools.product(*ranges))
 
 
 def initial_values(plan: ActorPlan) -> dict[int, dict[str, torch.Tensor]]:

@@ -1,7 +1,8 @@
 """Training state in torch.distributed.checkpoint (DCP) format: each rank writes and reads its own blocks.
 
 A State actor's local value is one rectangular block of a logical tensor, named by the State's key
-(a module's parameter name, ``"<param>.exp_avg"`` for optimizer state). DCP stores every tensor as
+(a module's parameter name, ``"<param>.exp_avg"`` for optimizer state), or under a strided split
+``S(d, chunks=k)`` (a fused QKV layer) k blocks, its slice of each chunk, each given to DCP as a chunk. DCP stores every tensor as
 chunks with their offsets in the logical tensor, and reads any layout back by intersecting the chunks
 it wants with the ones stored. So a checkpoint written under one strategy loads under another, and
 into a plain torch module, whatever each strategy cut.
@@ -33,7 +34,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from .checkpoint_blocks import STEPS_KEY, ShardBlock
+from .checkpoint_blocks import STEPS_KEY, Piece, ShardBlock
 
 
 class _BlockSavePlanner(DefaultSavePlanner):
@@ -48,16 +49,24 @@ class _BlockSavePlanner(DefaultSavePlanner):
         for key, t in self.state_dict.items():
             b = self.blocks.get(key)
             size = torch.Size(b.size if b else t.shape)
-            offsets = torch.Size(b.offsets if b else (0,) * t.dim())
-            items.append(WriteItem(index=MetadataIndex(key, offsets), type=WriteItemType.SHARD,
-                                   tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets, t.shape),
-                                                               properties=TensorProperties.create_from_tensor(t),
-                                                               size=size)))
+            parts = b.parts() if b else (Piece((0,) * t.dim(), (0,) * t.dim(), tuple(t.shape)),)
+            props = TensorProperties.create_from_tensor(t)
+            for p in parts:  # a strided split's value is several blocks of the logical tensor
+                offsets = torch.Size(p.offsets)
+                items.append(WriteItem(index=MetadataIndex(key, offsets), type=WriteItemType.SHARD,
+                                       tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets,
+                                                                                              torch.Size(p.shape)),
+                                                                   properties=props, size=size)))
         self.plan = SavePlan(items)
         return self.plan
 
     def lookup_object(self, index: MetadataIndex) -> torch.Tensor:
-        return self.state_dict[index.fqn]
+        t = self.state_dict[index.fqn]
+        b = self.blocks.get(index.fqn)
+        if b is None or not b.pieces:
+            return t
+        piece = next(p for p in b.pieces if torch.Size(p.offsets) == index.offset)
+        return piece.view(t).contiguous()  # DCP writes a block's own storage, not its parent's
 
 
 class _BlockLoadPlanner(DefaultLoadPlanner):
@@ -80,13 +89,18 @@ class _BlockLoadPlanner(DefaultLoadPlanner):
                 raise KeyError(key)
             if tuple(md.size) != size:
                 raise ValueError(f"{key!r} is {tuple(md.size)} in the checkpoint, {size} here")
-            offsets = torch.Size(b.offsets if b else (0,) * t.dim())
-            reads += create_read_items_for_chunk_list(key, md, [ChunkStorageMetadata(offsets, t.shape)])
+            parts = b.parts() if b else (Piece((0,) * t.dim(), (0,) * t.dim(), tuple(t.shape)),)
+            reads += create_read_items_for_chunk_list(
+                key, md, [ChunkStorageMetadata(torch.Size(p.offsets), torch.Size(p.shape)) for p in parts])
         self.plan = LoadPlan(reads)
         return self.plan
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        return self.state_dict[index.fqn]
+        t = self.state_dict[index.fqn]
+        b = self.blocks.get(index.fqn)
+        if b is None or not b.pieces:
+            return t
+        return b.pieces[index.index].view(t)  # a view: DCP's copy into it lands in the local value
 
 
 def write_blocks(path: str | os.PathLike, values: Mapping[str, torch.Tensor], blocks: list[ShardBlock],
