@@ -49,9 +49,19 @@ def figure_class() -> type:
         """A plotly Figure that a notebook shows on its own light or dark theme."""
 
         def _ipython_display_(self) -> None:
-            show(self)
+            if _in_kernel():
+                show(self)
+            else:  # a terminal IPython: plotly's own renderer (a browser tab)
+                super()._ipython_display_()
 
     return ThemedFigureView
+
+
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (a front end that can draw widgets)."""
+    from IPython import get_ipython
+
+    return hasattr(get_ipython(), "kernel")
 
 
 def themed_widget(fig: Any) -> Any:
