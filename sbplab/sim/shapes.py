@@ -46,6 +46,18 @@ def hashable_attrs(attrs: object) -> object:
     return key
 
 
+# Where a random op's numbers come from (its stream, and the rank's block of the global draw:
+# ``ops/aten/family_random.py``): no bearing on its shapes or its cost, but different on every op and rank,
+# so kept out of the keys that let ranks and layers share one shape inference and one cost.
+RNG_ATTRS = ("stream", "draw")
+
+
+def _cost_attrs(attrs: object) -> object:
+    if isinstance(attrs, dict) and any(k in attrs for k in RNG_ATTRS):
+        return {k: v for k, v in attrs.items() if k not in RNG_ATTRS}
+    return attrs
+
+
 @dataclass(frozen=True)
 class ActorShapes:
     """Local input and output metas of one actor on one rank, and its attributes made hashable (None
@@ -156,7 +168,7 @@ def infer_rank_shapes(actors: list[Actor], rank: int, micro: int, batch: dict[st
                 stack.extend(missing)
                 continue
             ins = tuple(done[r.actor].outputs[r.index] for r in a.inputs)
-            fa = hashable_attrs(a.attrs) if isinstance(a, Compute) else ()
+            fa = hashable_attrs(_cost_attrs(a.attrs)) if isinstance(a, Compute) else ()
             done[a.name] = ActorShapes(ins, _outputs(a, rank, micro, batch, ins, fa, cache), fa)
             stack.pop()
     return done
