@@ -25,9 +25,11 @@ class EntryFacts:
 
     split_dim: list[int] = field(default_factory=list)
     partial_op: list[str | None] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)  # k of a strided split S(d, chunks=k), else 1
 
     def add(self, x: SbpParallel) -> None:
         self.split_dim.append(x.dim if isinstance(x, Split) else -1)
+        self.chunks.append(x.chunks if isinstance(x, Split) else 1)
         self.partial_op.append(x.op if isinstance(x, Partial) else None)
 
 
@@ -37,14 +39,18 @@ def code_ok(code: Code, shape: tuple[int, ...], mesh_shape: tuple[int, ...], fac
     if len(code) != len(mesh_shape):
         return False
     sizes = list(shape)
-    split_dim = facts.split_dim
+    split_dim, chunks = facts.split_dim, facts.chunks
     for axis, c in enumerate(code):
         d = split_dim[c]
         if d == -1:
             continue
         if not 0 <= d < len(sizes):
             return False
-        parts = mesh_shape[axis]
+        parts, k = mesh_shape[axis], chunks[c]
+        if k > 1:  # a strided split: k equal chunks, each split, and the only split of its dim
+            if sizes[d] % k or sum(split_dim[o] == d for o in code) > 1:
+                return False
+            sizes[d] //= k
         if sizes[d] < parts:
             return False
         sizes[d] //= parts

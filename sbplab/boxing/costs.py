@@ -76,12 +76,7 @@ def state_ok(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp) 
 def extents(shape: tuple[int, ...], mesh_shape: tuple[int, ...], state: NdSbp,
             coord: tuple[int, ...]) -> list[int]:
     """Local shape at mesh coordinate ``coord`` (sizes only; same arithmetic as layout.local_block)."""
-    sizes = list(shape)
-    for axis, x in enumerate(state):
-        if isinstance(x, Split):
-            q, r = divmod(sizes[x.dim], mesh_shape[axis])
-            sizes[x.dim] = q + (1 if coord[axis] < r else 0)
-    return sizes
+    return _piece_extents(shape, mesh_shape, piece_splits(state, -1), coord)
 
 
 
@@ -122,18 +117,17 @@ RING_STEPS = {name: k.rounds(2) for name, k in KINDS.items() if k.is_collective}
 @lru_cache(maxsize=1024)
 def step_kinds(old: SbpParallel, new: SbpParallel) -> tuple[StepKind, ...]:
     """``kinds_between``, asked once per pair: every priced step asks it. A strided split
-    (``S(d, chunks=k)``) has no step to or from it yet: the kinds move contiguous pieces, and a gather of
-    strided pieces would leave the chunks interleaved, so such a layout is only ever made and read by ops
-    (a fused layer's weight, its output until it is cut into its chunks, their gradients)."""
-    if old != new and any(isinstance(x, Split) and x.chunks > 1 for x in (old, new)):
-        return ()
+    (``S(d, chunks=k)``) moves only to and from B and P on its axis: an all-gather then a local reorder of
+    the chunks (S -> B), a local slice per chunk (B -> S), a local reorder then a reduce-scatter (P -> S),
+    its pieces into a buffer of the identity (S -> P); to another split it goes through B."""
     return kinds_between(old, new)
 
 
-def piece_splits(state: NdSbp, axis: int) -> tuple[int, ...]:
+def piece_splits(state: NdSbp, axis: int) -> tuple:
     """The dim each mesh axis splits in the piece a group on ``axis`` works on (-1: no split; ``axis``
-    itself reads as B): all of a layout that a step's bytes depend on besides the step itself."""
-    return tuple([-1 if a == axis or not isinstance(x, Split) else x.dim for a, x in enumerate(state)])
+    itself reads as B; ``(dim, k)`` for a strided split ``S(dim, chunks=k)``): all of a layout that a step's bytes depend on besides the step itself."""
+    return tuple([-1 if a == axis or not isinstance(x, Split) else x.dim if x.chunks == 1 else (x.dim, x.chunks)
+                  for a, x in enumerate(state)])
 
 
 def _piece_extents(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: tuple[int, ...],
@@ -141,7 +135,11 @@ def _piece_extents(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: 
     """``extents`` of a layout whose splits are ``splits`` (``piece_splits``)."""
     sizes = list(shape)
     for axis, d in enumerate(splits):
-        if d != -1:
+        if isinstance(d, tuple):  # a strided split (dim, k): its piece of each of k chunks
+            d, k = d
+            q, r = divmod(sizes[d] // k, mesh_shape[axis])
+            sizes[d] = k * (q + (1 if coord[axis] < r else 0))
+        elif d != -1:
             q, r = divmod(sizes[d], mesh_shape[axis])
             sizes[d] = q + (1 if coord[axis] < r else 0)
     return sizes
@@ -160,7 +158,11 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis
     # over the mesh in row-major order (the other axes' coordinates read as 0)
     sizes, even = list(shape), True
     for a, d in enumerate(splits):
-        if d != -1:
+        if isinstance(d, tuple):  # a strided split: even when each chunk splits evenly
+            d, k = d
+            even = even and sizes[d] // k % mesh_shape[a] == 0
+            sizes[d] //= mesh_shape[a]
+        elif d != -1:
             even = even and sizes[d] % mesh_shape[a] == 0
             sizes[d] //= mesh_shape[a]
     spans = [range(n) if a == axis or (splits[a] != -1 and not even) else (0,) * n

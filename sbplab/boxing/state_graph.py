@@ -18,7 +18,7 @@ from typing import Any
 from ..hardware import Hardware
 from ..sbp import B, NdSbp, Partial, SbpParallel, Split
 from .coded_rules import Code, EntryFacts, code_ok, nest_blockers
-from .costs import cheapest, step_kinds, step_rates
+from .costs import cheapest, piece_splits, step_kinds, step_rates
 from .kinds import on_change
 
 Key = tuple[int, int, int]  # (exact time in ticks of ticks.time_scale, bytes sent by all ranks, steps)
@@ -132,7 +132,7 @@ class StateGraph:
         got = self._turns.get((oi, forward))
         if got is None:
             e, got = self._entries, []
-            for xi in range(len(self.cands)):
+            for xi in range(len(e)):  # the candidates, and a caller's strided splits (reached only from B or P)
                 fi, ni = (oi, xi) if forward else (xi, oi)
                 if xi != oi and _has_kind(e[fi], e[ni]):
                     got.append((xi, fi, ni, nest_blockers(fi, ni, self._facts)))
@@ -146,8 +146,7 @@ class StateGraph:
         if k is None:
             axis, new = edge[1]
             old = self._entries[edge[4]]
-            split_dim = self._facts.split_dim
-            splits = tuple([-1 if a == axis else split_dim[c] for a, c in enumerate(edge[3])])  # piece_splits
+            splits = piece_splits(tuple(self._entries[c] for c in edge[3]), axis)  # strided splits with their k
             shared = (splits, axis, old, new)
             k = self._keys.get(shared)
             if k is None:

@@ -181,6 +181,8 @@ class Collective(Actor):
     sizes: per group member, its piece's size along ``dim`` (balanced splits are uneven);
         None means equal pieces.
     cat_sizes: all_to_all only: per group member, its input's size along ``cat_dim``.
+    chunks: all_gather / reduce_scatter of a strided split ``S(dim, chunks=k)``: each piece is its slice
+        of k chunks, reordered around the collective (1: a contiguous split).
     src: broadcast only: the global rank that holds the value.
     order: priority among communication that is ready at the same moment when the global order
         is derived (lower first); the global order itself is ``ActorPlan.comm_order``.
@@ -197,6 +199,7 @@ class Collective(Actor):
     cat_dim: int = 0
     sizes: tuple[int, ...] | None = None
     cat_sizes: tuple[int, ...] | None = None
+    chunks: int = 1
     src: int = 0
     order: int = 0
     mesh_axis: int | None = None

@@ -21,7 +21,8 @@ class AllToAllKind(CollectiveKind):
     name = "all_to_all"
 
     def turns(self, old: SbpParallel, new: SbpParallel) -> bool:
-        return isinstance(old, Split) and isinstance(new, Split) and old.dim != new.dim
+        # a strided split's pieces are no ranges of their dim: it goes through B (gather, then slice)
+        return isinstance(old, Split) and isinstance(new, Split) and old.dim != new.dim and old.chunks == new.chunks == 1
 
     def rank_elements(self, piece, old, new, p, i) -> tuple[int, int, int]:
         D, D2 = piece[old.dim], piece[new.dim]

@@ -1,5 +1,6 @@
 """Local steps: nothing crosses a rank. ``slice`` (B -> S: keep my piece) and ``zero`` (B or S -> P:
-hold an addend of the value, the reduce op's identity around or instead of my data).
+hold an addend of the value, the reduce op's identity around or instead of my data). Both take a
+strided split ``S(d, chunks=k)`` too: my piece of each of the k chunks, end to end.
 
 Both lower to a small kernel defined here, and their in-process run calls that same kernel for
 every rank, so the executor in one process and the workers cannot disagree.
@@ -23,8 +24,14 @@ if TYPE_CHECKING:
 
 # --- kernels (``f(inputs, attrs) -> outputs``, as the runtime calls them) ------------------------------
 def narrow_piece(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
-    """B -> S(dim) on one rank: keep my balanced piece ``[start, start + length)`` of ``dim``."""
-    return (inputs[0].narrow(attrs["dim"], attrs["start"], attrs["length"]).clone(),)
+    """B -> S(dim) on one rank: keep my balanced piece ``[start, start + length)`` of ``dim``; under a
+    strided split (``chunks`` > 1) that piece of each of the chunks, end to end."""
+    x, d, a, n = inputs[0], attrs["dim"], attrs["start"], attrs["length"]
+    k = attrs.get("chunks", 1)
+    if k == 1:
+        return (x.narrow(d, a, n).clone(),)
+    c = x.shape[d] // k
+    return (torch.cat([x.narrow(d, j * c + a, n) for j in range(k)], dim=d),)
 
 
 def to_partial(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
@@ -40,7 +47,10 @@ def to_partial(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, .
     if mode == "fill":
         return (partial_fill(attrs["fill"], x),)
     buf = partial_fill(attrs["fill"], x.new_empty(tuple(attrs["shape"])))
-    buf.narrow(attrs["dim"], attrs["start"], x.shape[attrs["dim"]]).copy_(x)
+    d, k = attrs["dim"], attrs.get("chunks", 1)
+    n, c = x.shape[d] // k, buf.shape[d] // k  # a strided split's piece: its slice of each of k chunks
+    for j in range(k):
+        buf.narrow(d, j * c + attrs["start"], n).copy_(x.narrow(d, j * n, n))
     return (buf,)
 
 
@@ -91,8 +101,9 @@ class SliceKind(LocalKind):
         axis, pl = step.mesh_axis, step.placement
         new = step.dst_sbp[axis]
         group = pl.group_of(rank, axis)
-        a, b = split_range(in_shape[new.dim], len(group), group.index(rank))
-        return narrow_piece, {"dim": new.dim, "start": a, "length": b - a}
+        a, b = split_range(in_shape[new.dim] // new.chunks, len(group), group.index(rank))
+        more = {"chunks": new.chunks} if new.chunks > 1 else {}
+        return narrow_piece, {"dim": new.dim, "start": a, "length": b - a, **more}
 
 
 class ZeroKind(LocalKind):
@@ -127,9 +138,10 @@ class ZeroKind(LocalKind):
             return to_partial, {"mode": "keep" if keep else "fill", "fill": new.op}
         whole = step.src_sbp[:axis] + (B,) + step.src_sbp[axis + 1:]  # the group's piece
         piece = local_shape(shape, pl, whole, rank)
+        more = {"chunks": old.chunks} if old.chunks > 1 else {}
         return to_partial, {"mode": "embed", "dim": old.dim, "shape": piece,
-                            "start": split_range(piece[old.dim], p, i)[0],
-                            "fill": fill_op(step.src_sbp, axis, new.op, pl.coords(rank))}
+                            "start": split_range(piece[old.dim] // old.chunks, p, i)[0],
+                            "fill": fill_op(step.src_sbp, axis, new.op, pl.coords(rank)), **more}
 
 
 register(SliceKind())

@@ -21,15 +21,18 @@ from collections.abc import Sequence
 
 import torch
 
-from ...layout import balanced_sizes, local_shape, reduce_tensors, split_range
+from ...layout import balanced_sizes, join_pieces, local_shape, reduce_tensors, take_piece
 from ...sbp import Broadcast, Partial, SbpParallel, Split
 from .collective_kind import CollectiveKind, even_sizes, numel, pad0, rest_of
 from .kind_registry import register
 
 
-def _narrow(t: torch.Tensor, dim: int, parts: int, i: int) -> torch.Tensor:
-    a, b = split_range(t.shape[dim], parts, i)
-    return t.narrow(dim, a, b - a)
+def split_sizes(n: int, x: Split, p: int) -> list[int]:
+    """Each member's size along ``x.dim`` of ``n``: balanced, or under a strided split ``S(d, chunks=k)``
+    k times its balanced piece of one chunk (its slice of every chunk)."""
+    if x.chunks == 1:
+        return balanced_sizes(n, p)
+    return [x.chunks * s for s in balanced_sizes(n // x.chunks, p)]
 
 
 class RingKind(CollectiveKind):
@@ -49,9 +52,9 @@ class RingKind(CollectiveKind):
 
     def rank_elements(self, piece, old, new, p, i) -> tuple[int, int, int]:
         T = numel(piece)
-        d = self.split_of(old, new).dim
+        d = self.split_of(old, new).dim  # the pieces travel whole: a strided split is reordered locally
         rest = rest_of(piece, d)  # once, not once per chunk: pricing asks this for every member of every step
-        chunks = [rest * c for c in balanced_sizes(piece[d], p)]
+        chunks = [rest * c for c in split_sizes(piece[d], self.split_of(old, new), p)]
         s, r = self.ring_elements(p, i, T, chunks)
         return s, r, max(s, r)
 
@@ -75,12 +78,15 @@ class AllGatherKind(RingKind):
         return f"{old!r} -> B on {axis_label}: every rank needs the pieces of the others"
 
     def apply(self, step, group, xs, shape) -> list[torch.Tensor]:
-        full = torch.cat(xs, dim=step.src_sbp[step.mesh_axis].dim)
+        full = join_pieces(xs, step.src_sbp[step.mesh_axis])  # a strided split: chunk by chunk
         return [full.clone() for _ in group]
 
     def collective_attrs(self, step, group, in_shape, shape) -> dict:
-        dim = step.src_sbp[step.mesh_axis].dim
-        return dict(dim=dim, sizes=tuple(local_shape(shape, step.placement, step.src_sbp, m)[dim] for m in group))
+        old = step.src_sbp[step.mesh_axis]
+        dim = old.dim
+        more = {"chunks": old.chunks} if old.chunks > 1 else {}
+        return dict(dim=dim, sizes=tuple(local_shape(shape, step.placement, step.src_sbp, m)[dim] for m in group),
+                    **more)
 
     def actor_bytes(self, actor, me, shape, itemsize) -> int:
         p, D = len(actor.group), shape[actor.dim]
@@ -103,7 +109,8 @@ class AllGatherKind(RingKind):
 
         def finish() -> torch.Tensor:
             pieces = [out[i * top: i * top + s] for i, s in enumerate(sizes)]
-            return torch.cat(pieces, 0).movedim(0, actor.dim).contiguous()
+            # a strided split: each piece is its slice of k chunks, put back chunk by chunk
+            return join_pieces(pieces, Split(0, actor.chunks)).movedim(0, actor.dim).contiguous()
         return work, finish
 
 
@@ -130,11 +137,13 @@ class ReduceScatterKind(RingKind):
     def apply(self, step, group, xs, shape) -> list[torch.Tensor]:
         old, new = step.src_sbp[step.mesh_axis], step.dst_sbp[step.mesh_axis]
         p = len(group)
-        return [reduce_tensors(old.op, [_narrow(x, new.dim, p, i) for x in xs]) for i in range(p)]
+        return [reduce_tensors(old.op, [take_piece(x, new, p, i) for x in xs]) for i in range(p)]
 
     def collective_attrs(self, step, group, in_shape, shape) -> dict:
         old, new = step.src_sbp[step.mesh_axis], step.dst_sbp[step.mesh_axis]
-        return dict(dim=new.dim, reduce_op=old.op, sizes=tuple(balanced_sizes(in_shape[new.dim], len(group))))
+        more = {"chunks": new.chunks} if new.chunks > 1 else {}
+        return dict(dim=new.dim, reduce_op=old.op, sizes=tuple(split_sizes(in_shape[new.dim], new, len(group))),
+                    **more)
 
     def actor_bytes(self, actor, me, shape, itemsize) -> int:
         p, D = len(actor.group), shape[actor.dim]
@@ -152,8 +161,11 @@ class ReduceScatterKind(RingKind):
         xt = x.movedim(actor.dim, 0)
         sizes = actor.sizes or even_sizes(xt.shape[0], p, actor.name)
         top = max(sizes)
-        chunks = torch.split(xt, list(sizes), 0)
-        buf = torch.cat([pad0(c, top) for c in chunks], 0) if min(sizes) != top else xt.contiguous()
+        if actor.chunks > 1:  # a strided split: each member's slice of every chunk laid end to end first
+            chunks = [take_piece(xt, Split(0, actor.chunks), p, i) for i in range(p)]
+        else:
+            chunks = torch.split(xt, list(sizes), 0)
+        buf = torch.cat([pad0(c, top) for c in chunks], 0) if min(sizes) != top or actor.chunks > 1 else xt.contiguous()
         out = torch.empty((top,) + tuple(xt.shape[1:]), dtype=x.dtype, device=x.device)
         work = comm.reduce_scatter(out, buf, actor.reduce_op, group)
         return work, lambda: out[: sizes[me]].movedim(0, actor.dim).contiguous()
