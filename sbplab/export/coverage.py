@@ -136,16 +136,25 @@ def _verdict(op: Any, g: Any, d: Any, ask: _Asker) -> OpVerdict:
         return v
     try:
         got = ask(op, metas, _arriving(op, d))
-        if got is not None and got == (sig.inputs, sig.outputs[: len(got[1])]):
+        if _agrees(got, sig):
             v.kind = "dtensor"
             return v
         v.dtensor = _fmt(got, fmt_sbp)
         direct = ask(op, metas, sig.inputs)
-        if direct is not None and direct == (sig.inputs, sig.outputs[: len(direct[1])]):
+        if _agrees(direct, sig):
             v.kind = "redistribute"
     except _NoRule as e:
         v.dtensor = f"no rule ({e})"
     return v
+
+
+def _agrees(got: tuple | None, sig: Any) -> bool:
+    """DTensor's (inputs, outputs) are sbplab's signature; an output DTensor gives no layout for is one the
+    op does not produce here (a convolution's bias gradient without a bias)."""
+    if got is None:
+        return False
+    ins, outs = got
+    return ins == tuple(sig.inputs) and all(o is None or o == s for o, s in zip(outs, sig.outputs))
 
 
 def _fmt(got: tuple | None, fmt_sbp: Any) -> str:
