@@ -4,6 +4,7 @@ is searched instead of failing on the first such pair."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import sbplab as sl
@@ -19,8 +20,12 @@ def test_a_strided_split_no_collective_moves_is_never_taken_and_floored_at_zero(
     strided = S(1, chunks=3)
     placement = sl.Placement(None, 4)
     boxes = BoxPrices().for_mesh(placement, hw)
-    assert boxes.time(meta, (B,), (strided,)) == UNREACHABLE_S
-    assert boxes.time(meta, (strided,), (B,)) == UNREACHABLE_S
+    # boxing moves a strided split to and from B: a free slice of each chunk, an all-gather then a reorder
+    assert boxes.time(meta, (B,), (strided,)) == 0.0
+    gather = sl.boxing.plan_boxing(meta.shape, (strided,), (B,), sl.Placement("cpu", 4), hardware=hw)
+    assert [s.kind for s in gather.steps] == ["all_gather"]
+    assert boxes.time(meta, (strided,), (B,)) == pytest.approx(gather.time_s) and gather.time_s < UNREACHABLE_S
+    assert boxes.time(meta, (strided,), (S(0),)) < UNREACHABLE_S  # to another split through B
     assert boxes.time(meta, (strided,), (strided,)) == 0.0
     assert 0.0 < boxes.time(meta, (B,), (S(1),)) + boxes.time(meta, (S(1),), (B,)) < UNREACHABLE_S
     floors = FloorBoxes().for_mesh(placement, hw).matrix(meta, [(B,), (strided,)], [(strided,), (S(1),)])

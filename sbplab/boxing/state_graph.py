@@ -79,6 +79,11 @@ class StateGraph:
                     entries.append(x)
                     self._facts.add(x)
                     self._turns.clear()  # a new partial entry may block steps that nested before
+                    # a new strided split is a new step out of B and P: the steps and searches listed
+                    # so far lack it
+                    self._out.clear()
+                    self._in.clear()
+                    self._searches.clear()
                 code.append(c)
             i = self._add(tuple(state), tuple(code))
         return i

@@ -82,7 +82,8 @@ class Deduction:
             if c is None:
                 try:
                     c = COSTS.put(key, BoxingCost.of(self.plan(tensor, src, dst, src_pl, dst_pl)))
-                except (BoxingError, LayoutError):  # a strided split has no route yet: a signature never chosen
+                except (BoxingError, LayoutError):  # a strided split no route reaches (its dim split twice):
+                    # a signature never chosen; to and from B and P boxing moves it at its real price
                     if not any(is_chunked(x) for x in (*src, *dst)):
                         raise
                     c = COSTS.put(key, BoxingCost(1e9, 0, 1))  # a billion seconds: never the cheapest
