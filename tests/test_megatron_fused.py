@@ -92,8 +92,13 @@ def test_strided_split_text_and_errors():
         check_layout((10, 4), mesh, (sl.S(0, chunks=3), sl.B), "w")
     with pytest.raises(LayoutError, match="only split of its dim"):
         check_layout((12, 4), mesh, (sl.S(0, chunks=3), sl.S(0)), "w")
-    with pytest.raises(sl.SbplabError, match="strided split .* no collective moves it yet"):
-        sl.plan_boxing((12, 4), "S(0, chunks=3)", "B", sl.Placement("cpu", 2))
+    # boxing moves it (tests/test_boxing_strided.py): to B, an all-gather then the chunks put back in order
+    pl = sl.Placement("cpu", 2)
+    full = torch.arange(48.0).reshape(12, 4)
+    plan = sl.plan_boxing((12, 4), "S(0, chunks=3)", "B", pl)
+    assert [s.kind for s in plan.steps] == ["all_gather"]
+    out = plan.run({r: _reference_piece(full, 0, 3, 2, r) for r in (0, 1)})
+    assert all(torch.equal(out[r], full) for r in (0, 1))
 
 
 def _attrs(*args) -> dict:

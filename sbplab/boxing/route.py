@@ -115,8 +115,8 @@ def _unreachable(src: NdSbp, dst: NdSbp, shape, mesh_shape) -> BoxingError:
     if strided:
         return BoxingError(
             f"no boxing route from {fmt_sbp(src)} to {fmt_sbp(dst)} for shape {shape} on a {mesh_shape} mesh: "
-            f"a strided split ({strided[0]!r}) is made and read only by ops (a fused layer and the split into its "
-            f"chunks); no collective moves it yet. Use S({strided[0].dim}) or B for this tensor")
+            f"a strided split ({strided[0]!r}) moves only to and from B and P on its own mesh axis, and must be the "
+            f"only split of its dim on the way. Use S({strided[0].dim}) or B for this tensor")
     return BoxingError(
         f"no boxing route from {fmt_sbp(src)} to {fmt_sbp(dst)} for shape {shape} on a {mesh_shape} mesh: "
         f"every intermediate layout would leave some rank an empty shard or break split nesting"
