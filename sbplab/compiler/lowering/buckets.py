@@ -50,6 +50,8 @@ def plan_buckets(phys: PhysicalGraph, graph: Graph, cap_bytes: float) -> list[Bu
         if kind_of(c.kind).bucket_layout is None or c.mesh_axis is None or first.logical not in grads:
             continue
         step = first.attrs["plan_step"]
+        if getattr(step.dst_sbp[c.mesh_axis], "chunks", 1) > 1:  # a strided reduce-scatter reorders its input
+            continue  # first (its pieces are no ranges of the dim): it runs alone
         key = (c.kind, c.group, c.mesh_axis, step.src_sbp[c.mesh_axis].op, first.out_dtypes[0], c.when, first.stage)
         nbytes = numel(first.in_shapes[0]) * first.out_dtypes[0].itemsize
         members, size = open_.get(key, ([], 0))
