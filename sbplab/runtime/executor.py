@@ -27,7 +27,7 @@ from .buffers import BufferPools
 from .comm import Comm
 from .firing import MODES, PER_STEP, REG_FIRING, REG_NONE, SAME, FiringGraph, ReadyQueue
 from .fusion import fuse_chains
-from .lanes import CommFailure, CommLane, Streams
+from .lanes import CommFailure, CommLane
 from .memory_peak import MemoryMeter
 from .results import stack_values
 from .specs import Accumulate, Collective, Recv, Sink, State
@@ -119,7 +119,7 @@ class Executor:
         self.compute_inflight: tuple[int, int, int] | None = None  # (node, k, t0_ns)
         self.last_progress = time.perf_counter_ns()
         self.thread_id = threading.get_ident()
-        self.streams = Streams(device)
+        self.streams = comm.communicator.streams()
         self.lane = CommLane(comm, self.streams, spec.micro_batches)
         self.stopped = False
         self.inplace = [self._may_overwrite_input(i) for i in range(len(actors))]
@@ -129,7 +129,7 @@ class Executor:
         self.steps_reported = 0
         # read at every firing: kept as plain lists rather than asked of the actor specs each time
         self.n_outputs = [a.num_outputs for a in actors]
-        self.tracing, self.cuda = spec.trace, self.streams.cuda
+        self.tracing = spec.trace
         self.micro_scope = [a.scope == "micro" for a in actors]
         self.loss_sinks = [(a.name, b) for a, b in zip(actors, self.behaviours)
                            if isinstance(a, Sink) and a.key == "loss"]
@@ -139,8 +139,7 @@ class Executor:
             b.activity, b.origin = activity, origin
             if self.tracing:  # a mark around every part: one trace event each
                 b.marks = []
-                if self.cuda:
-                    b.clock = lambda: self.streams.record(self.streams.compute)
+                b.clock = lambda: self.streams.mark(self.streams.compute)
 
     def _may_overwrite_input(self, i: int) -> bool:
         """A collective whose kind allows it (all-reduce) may work in place on a register only it reads,
@@ -162,7 +161,7 @@ class Executor:
         """The tensors firing k reads (``FiringGraph.in_number``, inlined), and (CUDA) their producers'
         events."""
         xs, evs = [], []
-        outs, cuda, micro = self.outs, self.streams.cuda, self.graph.micro
+        outs, events, micro = self.outs, self.events, self.graph.micro
         for p, j, mode in self.reads[i]:
             if mode == SAME:
                 o = k
@@ -173,8 +172,7 @@ class Executor:
             else:
                 continue
             xs.append(outs[p][o][j])
-            if cuda:
-                evs.append(self.events[p].get(o))
+            evs.append(events[p].get(o))  # None off CUDA
         return xs, evs
 
     def _store(self, i: int, k: int, outs: tuple | None, ev: Any) -> list[int]:
@@ -196,13 +194,12 @@ class Executor:
                 self.step_nodes[t] += 1
             self.node_steps[i] = s
             self._report_steps()
-        pruned, nodes, cuda = self.pruned, g.nodes, self.streams.cuda
+        pruned, nodes = self.pruned, g.nodes
         for p in touched:
             released = nodes[p].released
             while pruned[p] < released:
                 self.meter.freed(p, self.outs[p].pop(pruned[p], None))
-                if cuda:
-                    self.events[p].pop(pruned[p], None)
+                self.events[p].pop(pruned[p], None)
                 pruned[p] += 1
         self.last_progress = time.perf_counter_ns()
         return touched
@@ -287,12 +284,9 @@ class Executor:
             self.activity[0], self.activity[1] = self.origin[i][0] + 1, k
         t0 = time.perf_counter_ns()
         self.compute_inflight = (i, k, t0)
-        sev = ev = None
-        try:
-            if self.cuda:
-                sev, outs, ev = self._fire_on_stream(b, k, xs, evs)  # type: ignore[arg-type]
-            else:
-                outs = b.fire(k, xs)  # type: ignore[union-attr]
+        st = self.streams
+        try:  # on CUDA after its inputs' events, on the compute stream; (None, outputs, None) on CPU
+            sev, outs, ev = st.run_on(st.compute, evs, xs, lambda: b.fire(k, xs))  # type: ignore[union-attr]
         except BaseException as e:  # noqa: BLE001
             a = g.nodes[i].actor
             fb = self.fused[i]
@@ -306,32 +300,15 @@ class Executor:
             if fb is not None:
                 self._trace_parts(i, k, fb.marks)  # type: ignore[arg-type]
             else:
-                self.trace.append((self.origin[i][0], k, COMPUTE, t0, t1, 0))
-                if sev is not None:
-                    self.cuda_timing.append((len(self.trace) - 1, sev, ev))
+                st.log(self.trace, self.cuda_timing, (self.origin[i][0], k, COMPUTE),
+                       t0 if sev is None else sev, t1 if ev is None else ev)
         return self._store(i, k, outs, ev)
 
     def _trace_parts(self, i: int, k: int, marks: list) -> None:
         """One event per part of a fused firing, between the marks its behaviour took (CUDA: events)."""
         for n, p in enumerate(self.origin[i]):
-            if self.cuda:
-                self.trace.append((p, k, COMPUTE, 0, 0, 0))
-                self.cuda_timing.append((len(self.trace) - 1, marks[n], marks[n + 1]))
-            else:
-                self.trace.append((p, k, COMPUTE, marks[n], marks[n + 1], 0))
+            self.streams.log(self.trace, self.cuda_timing, (p, k, COMPUTE), marks[n], marks[n + 1])
         marks.clear()
-
-    def _fire_on_stream(self, b: Any, k: int, xs: list[torch.Tensor], evs: list) -> tuple:
-        """CUDA: the kernel goes onto the compute stream after its inputs' events; (start, outputs, end)."""
-        st = self.streams
-        with st.use(st.compute):
-            st.wait_for(st.compute, evs)
-            for x in xs:  # inputs made on the comm stream: keep their memory until used here
-                x.record_stream(st.compute)
-            sev = st.record(st.compute)
-            outs = b.fire(k, xs)
-            ev = st.record(st.compute)
-        return sev, outs, ev
 
     # --- what goes back to the driver --------------------------------------------------------------
     def steps_done(self) -> int:
@@ -339,11 +316,7 @@ class Executor:
         return self.steps_reported
 
     def _results(self) -> dict:
-        if self.streams.cuda:
-            torch.cuda.synchronize()
-            for idx, sev, eev in self.cuda_timing:
-                i, k, lane, _, _, nb = self.trace[idx]
-                self.trace[idx] = (i, k, lane, self.streams.to_ns(sev), self.streams.to_ns(eev), nb)
+        self.streams.resolve(self.trace, self.cuda_timing)
         sinks, params = {}, {}
         for a, b in zip(self.actors, self.behaviours):
             if isinstance(a, Sink):
