@@ -1,15 +1,24 @@
 """Plotly figures on the notebook's own theme: transparent backgrounds, text and grid in the page's colours.
 
-Why a widget: plotly writes every colour into the figure (``fill: rgb(68,68,68)`` on each text) and its
+Why a stylesheet: plotly writes every colour into the figure (``fill: rgb(68,68,68)`` on each text) and its
 JupyterLab renderer knows no theme, so a figure made for a white page is a white card with grey text
 in the dark theme, and one made for a dark page is unreadable in the light one. CSS can follow the
-theme (JupyterLab's ``--jp-*`` variables, VS Code's ``--vscode-*``), but a plotly mime bundle brings no
-CSS. A plotly ``FigureWidget`` is an anywidget, and an anywidget brings its own: ``ThemedFigure`` is
-plotly's FigureWidget with a stylesheet, scoped to its own class, that paints the axis, legend and
-title texts and the grid with the page's variables; the figure's backgrounds are transparent
-(``TRANSPARENT``). ``show`` displays a figure that way in a kernel (the plotly bundle beside it, for
-front ends without widgets); ``sl.timeline``'s figure and the RunPanel use it, so they look alike.
+theme (JupyterLab's ``--jp-*`` variables), so the figure's backgrounds are transparent (``TRANSPARENT``)
+and a stylesheet paints the axis, legend and title texts and the grid with the page's variables.
 Bar labels keep the contrast colour plotly picks against each bar; hover labels keep their own box.
+
+Why not a widget: plotly 6's ``FigureWidget`` is an anywidget whose model carries the whole plotly.js
+bundle as its front-end code, and a notebook saved with widget state (``jupyter nbconvert --execute``,
+JupyterLab's "save widget state") stores it once per figure: 5.1 MB each, 11 MB for a tutorial with two.
+``show`` instead displays two outputs: a tiny HTML one (about 1 kB: a hidden marker and the ``<style>``)
+and then plotly's own mime bundle (``application/vnd.plotly.v1+json``, drawn by the jupyterlab-plotly
+extension plotly ships, and kept in the saved notebook as the figure's JSON only). The rules reach only
+the output right after the marker (``.jp-OutputArea-child:has(marker) + .jp-OutputArea-child``), so no
+other figure on the page changes, and the marker's own output takes no room. A front end without
+JupyterLab's output classes (VS Code, nbviewer) shows plotly's figure as plotly draws it.
+
+The RunPanel draws its live timeline inside its own view through anywidget's host, which needs a widget:
+``themed_widget`` (the FigureWidget with the same rules scoped to its class ``THEMED``) is kept there.
 """
 
 from __future__ import annotations
@@ -18,14 +27,25 @@ from functools import cache
 from typing import Any
 
 THEMED = "sbplab-plotly"  # the class of a themed figure's element: the stylesheet applies under it
+MARK = "sbplab-plotly-theme"  # the marker of the HTML output placed just before a themed plotly output
+NEXT_OUTPUT = f".jp-OutputArea-child:has(.{MARK}) + .jp-OutputArea-child"  # the plotly output after it
 TRANSPARENT = "rgba(0,0,0,0)"
 INK = "var(--jp-content-font-color1, var(--vscode-editor-foreground, #222))"
 GRID = "var(--jp-border-color2, rgba(128,128,128,0.3))"
 
-CSS = (f".{THEMED} .main-svg text:not(.bartext, .hoverlayer text) {{fill: {INK} !important}}"
-       f".{THEMED} .main-svg .gridlayer path, .{THEMED} .main-svg .zerolinelayer path {{stroke: {GRID} !important}}"
-       f".{THEMED} .main-svg .legend .bg {{fill: transparent !important}}"
-       f".{THEMED} .modebar-btn path {{fill: {INK} !important; opacity: 0.6}}")
+
+def rules(scope: str) -> str:
+    """The theme's rules for the plotly figure under the CSS selector ``scope``."""
+    return (f"{scope} .main-svg text:not(.bartext, .hoverlayer text) {{fill: {INK} !important}}"
+            f"{scope} .main-svg .gridlayer path, {scope} .main-svg .zerolinelayer path {{stroke: {GRID} !important}}"
+            f"{scope} .main-svg .legend .bg {{fill: transparent !important}}"
+            f"{scope} .modebar-btn path {{fill: {INK} !important; opacity: 0.6}}")
+
+
+CSS = rules(f".{THEMED}")  # the widget's stylesheet (the RunPanel's timeline)
+# the page's stylesheet for the plotly output after the marker; the marker's own output is hidden
+PAGE_CSS = f".jp-OutputArea-child:has(.{MARK}) {{display: none}}" + rules(NEXT_OUTPUT)
+STYLE_HTML = f'<div class="{MARK}" hidden></div><style>{PAGE_CSS}</style>'
 
 
 @cache
@@ -42,7 +62,7 @@ def _widget_class() -> type:
 
 @cache
 def figure_class() -> type:
-    """plotly's Figure, shown in a notebook as a themed widget (``show``): what ``sl.timeline`` returns."""
+    """plotly's Figure, shown in a notebook on the page's theme (``show``): what ``sl.timeline`` returns."""
     import plotly.graph_objects as go
 
     class ThemedFigureView(go.Figure):
@@ -58,34 +78,25 @@ def figure_class() -> type:
 
 
 def _in_kernel() -> bool:
-    """Whether this runs in a Jupyter kernel (a front end that can draw widgets)."""
+    """Whether this runs in a Jupyter kernel (a front end that draws mime bundles)."""
     from IPython import get_ipython
 
     return hasattr(get_ipython(), "kernel")
 
 
 def themed_widget(fig: Any) -> Any:
-    """A FigureWidget of ``fig`` that follows the notebook's light or dark theme."""
+    """A FigureWidget of ``fig`` that follows the notebook's light or dark theme (5 MB of saved widget
+    state: for a figure drawn inside another widget only)."""
     w = _widget_class()(fig)
     w.add_class(THEMED)
     return w
 
 
-def show(fig: Any) -> Any:
-    """Display ``fig`` as a themed widget, with plotly's own bundle beside it (what a front end without
-    widgets, or a saved notebook opened untrusted, renders). Returns the widget (None when ipywidgets
-    cannot display one here: plotly's bundle alone is shown)."""
+def show(fig: Any) -> None:
+    """Display ``fig`` on the page's theme: the marker and stylesheet (a tiny HTML output), then plotly's
+    own mime bundle, which the rules reach and nothing else does."""
     import plotly.io as pio
     from IPython.display import display
 
-    bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
-    try:
-        w = themed_widget(fig)
-        view = w._repr_mimebundle_()
-    except Exception:  # no kernel with widgets (a plain Python session): plotly's bundle only
-        display(bundle, raw=True)
-        return None
-    data = dict(view[0] if isinstance(view, tuple) else view)
-    data.pop("text/plain", None)  # plotly's own text stays
-    display({**bundle, **data}, raw=True)
-    return w
+    display({"text/html": STYLE_HTML, "text/plain": ""}, raw=True)
+    display(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()), raw=True)
