@@ -6,6 +6,7 @@ and the kinds' collectives on the in-process communicator and on real Gloo proce
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import pathlib
 import pickle
@@ -194,3 +195,24 @@ def test_strided_steps_on_gloo_equal_the_in_process_ones(tmp_path: pathlib.Path)
                 assert nbytes == step.bytes_sent.get(r, 0), (src, dst, step.kind, r)  # the plan's bytes, sent
                 seen.add(step.kind)
     assert {"all_gather", "reduce_scatter", "slice", "zero"} <= seen
+
+
+@pytest.mark.parametrize("shape,mesh", [((12, 10), (2, 3)), ((6, 9), (3, 2)), ((9, 8), (2, 2, 2))])
+def test_the_route_searchs_coded_rule_agrees_with_check_layout_on_strided_splits(shape, mesh):
+    """``code_ok`` (the route search's int-coded layout rule) equals ``check_layout`` with strided splits
+    among the entries: k must divide the dim, each chunk must split, and nothing else may split that dim."""
+    from sbplab.boxing.coded_rules import EntryFacts, code_ok
+    from sbplab.boxing.costs import state_ok
+
+    entries = [B, P, S(0), S(1), S(0, chunks=3), S(1, chunks=2), S(1, chunks=3)]
+    facts = EntryFacts()
+    for x in entries:
+        facts.add(x)
+    n_ok = n = 0
+    for code in itertools.product(range(len(entries)), repeat=len(mesh)):
+        state = tuple(entries[c] for c in code)
+        good = state_ok(shape, mesh, state)
+        assert code_ok(code, shape, mesh, facts) == good, state
+        n_ok += good and any(getattr(x, "chunks", 1) > 1 for x in state)
+        n += 1
+    assert 0 < n_ok < n  # some strided layouts fit and some do not: the rule was asked both ways
