@@ -52,16 +52,16 @@ def enabled() -> bool:
 
 
 @dataclass(frozen=True)
-class LayerStack:
+class RepeatedLayers:
     """A list of identical layers: ``path`` of the ``nn.ModuleList`` in the model, ``n`` children."""
 
     path: str
     n: int
 
 
-def find_layer_stack(model: nn.Module) -> LayerStack | None:
+def find_layer_stack(model: nn.Module) -> RepeatedLayers | None:
     """The model's largest ``nn.ModuleList`` of identical layers (at least MIN_LAYERS), or None."""
-    best: tuple[int, LayerStack] | None = None
+    best: tuple[int, RepeatedLayers] | None = None
     for path, mod in model.named_modules():
         if not isinstance(mod, nn.ModuleList) or len(mod) < MIN_LAYERS:
             continue
@@ -70,7 +70,7 @@ def find_layer_stack(model: nn.Module) -> LayerStack | None:
             continue
         size = sum(p.numel() for p in mod.parameters())
         if best is None or size > best[0]:
-            best = (size, LayerStack(path, len(mod)))
+            best = (size, RepeatedLayers(path, len(mod)))
     return best[1] if best else None
 
 
@@ -103,7 +103,7 @@ def _signature(layer: nn.Module) -> tuple | None:
 
 
 @contextlib.contextmanager
-def cut_to(model: nn.Module, stack: LayerStack, keep: int = KEPT) -> Iterator[None]:
+def cut_to(model: nn.Module, stack: RepeatedLayers, keep: int = KEPT) -> Iterator[None]:
     """The model with its layer list cut to its first ``keep`` layers, restored on exit."""
     parent_path, _, name = stack.path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
@@ -137,7 +137,7 @@ class _Layout:
     relative_seq: dict[fx.Node, bool]  # layer 1's nodes: is its number its layer's own (False: shared)
 
 
-def repeat_layers(gm: fx.GraphModule, stack: LayerStack) -> _Repeated | None:
+def repeat_layers(gm: fx.GraphModule, stack: RepeatedLayers) -> _Repeated | None:
     """The joint graph of the whole stack from ``gm``, the capture with the stack cut to KEPT layers;
     None when the captured layers are not periodic (the caller then captures the whole model)."""
     prefix = f"m.{stack.path}." if stack.path else "m."

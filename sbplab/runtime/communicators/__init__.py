@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import Capabilities, Communicator, CommunicatorError, Work
 from .gloo import GlooCommunicator
 from .in_process import InProcessCommunicator, InProcessWorld
+from .interface import Capabilities, Communicator, CommunicatorError, Work
 from .nccl import NcclCommunicator
 from .streams import Streams
 from .torch_dist import init_world

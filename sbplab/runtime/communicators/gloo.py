@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .base import Capabilities, Work
+from .interface import Capabilities, Work
 from .torch_dist import OPS, TorchDistCommunicator
 
 

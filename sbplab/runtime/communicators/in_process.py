@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Capabilities, Communicator, CommunicatorError, Work
+from .interface import Capabilities, Communicator, CommunicatorError, Work
 
 
 def reduce_into(op: str, xs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .base import Capabilities
+from .interface import Capabilities
 from .torch_dist import TorchDistCommunicator
 
 

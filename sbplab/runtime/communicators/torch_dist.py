@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .base import Communicator, CommunicatorError, Work
+from .interface import Communicator, CommunicatorError, Work
 
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
