@@ -448,6 +448,9 @@ PICTURE_JS = """() => {
 }"""
 
 
+# sl.timeline's figure: plotly's own output, right after the small output carrying its stylesheet
+THEMED_FIGURE = ".jp-OutputArea-child:has(.sbplab-plotly-theme) + .jp-OutputArea-child"
+
 # every text of a themed plotly figure (sbplab.viz.plotly_theme) but its bar labels and hover boxes: its
 # fill against the page behind the figure, and the figure's own background
 PLOTLY_JS = """(fig) => {
@@ -497,7 +500,7 @@ def test_widgets_are_readable_in_light_and_dark_themes(lab_page):
         editor.get_by_test_id("preset-select").select_option("dp")  # the results are now of another strategy
         expect(run.get_by_test_id("stale-note")).to_contain_text("before the strategy changed", timeout=60_000)
         expect(run.get_by_test_id("loss-table")).to_be_visible()
-        plot = page.locator(".sbplab-plotly")
+        plot = page.locator(f"{THEMED_FIGURE} .js-plotly-plot")  # plotly's own output, after its stylesheet
         expect(plot.locator(".main-svg .legendtext").first).to_be_visible(timeout=60_000)  # sl.timeline's figure
         for col in page.locator(".sbplab-pg").nth(2).evaluate(COLUMNS_JS):  # 16 ranks: (S(0), S(1)) -> (B, B)
             assert col["content"] <= col["box"] + 1 and col["svg"] <= col["box"] + 1, col  # no sideways scrolling
@@ -526,7 +529,7 @@ def test_widgets_are_readable_in_light_and_dark_themes(lab_page):
             for cls, name in ((".sbplab-mb", "model_builder"), (".sbplab-se >> nth=0", "strategy_editor"),
                               (".sbplab-rp", "run_panel"), (".sbplab-pg >> nth=1", "sbp_playground_error"),
                               (".sbplab-sp", "search_panel_result"), (".sbplab-pg >> nth=2", "sbp_playground_16"),
-                              (".sbplab-se >> nth=1", "strategy_editor_16"), (".sbplab-plotly", "timeline")):
+                              (".sbplab-se >> nth=1", "strategy_editor_16"), (THEMED_FIGURE, "timeline")):
                 page.locator(cls).evaluate("el => el.scrollIntoView({block: 'start'})")
                 page.screenshot(path=str(SCREENSHOT_DIR / f"{name}_{shot.split('_')[-1]}"))
             page.screenshot(path=str(SCREENSHOT_DIR / shot), full_page=True)
