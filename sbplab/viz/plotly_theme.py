@@ -5,7 +5,8 @@ JupyterLab renderer knows no theme, so a figure made for a white page is a white
 in the dark theme, and one made for a dark page is unreadable in the light one. CSS can follow the
 theme (JupyterLab's ``--jp-*`` variables), so the figure's backgrounds are transparent (``TRANSPARENT``)
 and a stylesheet paints the axis, legend and title texts and the grid with the page's variables.
-Bar labels keep the contrast colour plotly picks against each bar; hover labels keep their own box.
+Black outlines (the timeline's critical path) take the page's ink too. Bar labels keep the contrast
+colour plotly picks against each bar; hover labels keep their own box.
 
 Why not a widget: plotly 6's ``FigureWidget`` is an anywidget whose model carries the whole plotly.js
 bundle as its front-end code, and a notebook saved with widget state (``jupyter nbconvert --execute``,
@@ -39,6 +40,8 @@ def rules(scope: str) -> str:
     return (f"{scope} .main-svg text:not(.bartext, .hoverlayer text) {{fill: {INK} !important}}"
             f"{scope} .main-svg .gridlayer path, {scope} .main-svg .zerolinelayer path {{stroke: {GRID} !important}}"
             f"{scope} .main-svg .legend .bg {{fill: transparent !important}}"
+            # black outlines (the timeline's critical path) in the page's ink: black vanishes on a dark page
+            f'{scope} .main-svg path[style*="stroke: rgb(0, 0, 0)"] {{stroke: {INK} !important}}'
             f"{scope} .modebar-btn path {{fill: {INK} !important; opacity: 0.6}}")
 
 
