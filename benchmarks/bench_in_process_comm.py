@@ -23,7 +23,7 @@ from sbplab.models import GPT, GPTConfig
 def main(rounds: int = 5, steps: int = 3) -> None:
     m = GPT(GPTConfig(n_layer=2))
     xs, y = m.example_batch(8)
-    c = compile(m, xs, m.loss_fn, y, SGD(lr=0.1), presets.dp_tp((2, 2)))
+    c = compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=SGD(lr=0.1), strategy=presets.dp_tp((2, 2)))
     feeds = dict(zip(c.graph.inputs, [*xs, y]))
     via_comm = CollectiveKind.run_in_process
 

@@ -42,7 +42,7 @@ def main() -> None:
     with sl.LocalCluster(2) as cluster:
         for preset, base in (("dp", sl.presets.data_parallel(2)), ("zero3", sl.presets.zero(2))):
             for precision in (sl.Precision(), sl.Precision.mixed("bf16")):
-                want, _ = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS,
+                want, _ = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS,
                                       precision=precision)
                 base_peak = None
                 for recompute in ("none", "selective", "full"):

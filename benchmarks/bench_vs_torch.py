@@ -148,22 +148,25 @@ def _pipelining(schedule_name):
         stage = pipelining.PipelineStage(mod, rank, world, torch.device("cuda", rank) if DEVICE == "cuda"
                                          else torch.device("cpu"))
         sched = getattr(pipelining, schedule_name)(stage, MICRO, loss_fn=F.cross_entropy)
-        opt = torch.optim.SGD(mod.parameters(), lr=LR)
-
-        def step():
-            opt.zero_grad()
-            losses: list[torch.Tensor] = []
-            if rank == 0:
-                sched.step(x)
-            elif rank == world - 1:
-                sched.step(target=y, losses=losses)
-            else:
-                sched.step()
-            opt.step()
-            # the schedule averages nothing: the loss of the batch is the mean of the micro-batch losses
-            return torch.stack(losses).mean() if losses else torch.zeros(())  # only the last stage has it
-        return step
+        return _schedule_step(sched, torch.optim.SGD(mod.parameters(), lr=LR), x, y, rank, world)
     return build
+
+
+def _schedule_step(sched, opt, x, y, rank, world):
+    """One training step of a torch pipeline schedule: rank 0 feeds the batch, the last rank the target."""
+    def step():
+        opt.zero_grad()
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            sched.step(x)
+        elif rank == world - 1:
+            sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        opt.step()
+        # the schedule averages nothing: the loss of the batch is the mean of the micro-batch losses
+        return torch.stack(losses).mean() if losses else torch.zeros(())  # only the last stage has it
+    return step
 
 
 def _interleaved(model, x, y, rank, world):
@@ -178,19 +181,7 @@ def _interleaved(model, x, y, rank, world):
     stages = [pipelining.PipelineStage(m, s, n, dev) for m, s in zip(mods, (rank, rank + world))]
     sched = pipelining.ScheduleInterleaved1F1B(stages, MICRO, loss_fn=F.cross_entropy)
     opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=LR)
-
-    def step():
-        opt.zero_grad()
-        losses: list[torch.Tensor] = []
-        if rank == 0:
-            sched.step(x)
-        elif rank == world - 1:
-            sched.step(target=y, losses=losses)
-        else:
-            sched.step()
-        opt.step()
-        return torch.stack(losses).mean() if losses else torch.zeros(())
-    return step
+    return _schedule_step(sched, opt, x, y, rank, world)
 
 
 PEERS = {"ddp": _ddp, "fsdp2": _fsdp2, "dtensor": _dtensor_tp,

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     compiled = sl.compile(model, (idx,), loss_fn=GPT.loss_fn, target=targets, optimizer=optimizer,
                           strategy=strategy)
     t_compile = time.perf_counter() - t0
-    ref_losses, _ = torch_steps(model, (idx,), targets, GPT.loss_fn, optimizer, args.steps)
+    ref_losses, _ = torch_steps(model, (idx,), target=targets, loss_fn=GPT.loss_fn, optimizer=optimizer, steps=args.steps)
 
     with sl.LocalCluster(4) as cluster:  # inputs in the order of compiled.graph.inputs: the model's, then the target
         result = cluster.run(compiled, (idx, targets), steps=args.steps)

@@ -53,7 +53,7 @@ def test_the_captured_attention_keeps_its_heads_and_tensor_parallel_splits_them(
 @pytest.mark.multiprocess
 def test_the_head_split_step_trains_like_torch():
     model, idx, targets = _gpt()
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=LR), STEPS)
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=LR), steps=STEPS)
     step, _ = _tp_step(model, idx, targets)
     with sl.LocalCluster(2) as cluster:
         res = cluster.run(step, (idx, targets), steps=STEPS, progress=False)

@@ -466,7 +466,7 @@ def test_a_live_cluster_refuses_bad_runs_and_stays_usable(live, small_step):
             live.run(step, **kwargs, progress=False)
     assert live.alive and live.pids == pids  # refused before the workers were asked anything
     result = live.run(step, (inp, target), steps=2, progress=False)
-    want, _ = torch_steps(model, (inp,), target, model.loss_fn, opt, 2)
+    want, _ = torch_steps(model, (inp,), target=target, loss_fn=model.loss_fn, optimizer=opt, steps=2)
     assert result.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
 
 
@@ -489,7 +489,7 @@ def test_inputs_that_require_grad_are_data_to_the_workers(live, small_step):
     pids = live.pids
     x = inp.clone().requires_grad_(True)
     result = live.run(step, (x * 1.0, target), steps=2, progress=False, restart=True)
-    want, _ = torch_steps(model, (inp,), target, model.loss_fn, opt, 2)
+    want, _ = torch_steps(model, (inp,), target=target, loss_fn=model.loss_fn, optimizer=opt, steps=2)
     assert result.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
     assert live.alive and live.pids == pids and x.grad is None
 

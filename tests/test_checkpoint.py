@@ -98,7 +98,7 @@ def test_resume_from_a_checkpoint_is_bit_identical(cluster, tmp_path, strategy, 
 def test_a_data_parallel_checkpoint_loads_under_tensor_parallel_and_into_plain_torch(cluster, tmp_path):
     model, inputs, y = _mlp(hidden=12)  # hidden 12 splits evenly, 8 -> 12 -> 8 as Megatron's pairs
     opt = sl.SGD(lr=0.1, momentum=0.9)
-    want, _ = torch_steps(model, inputs, y, model.loss_fn, opt, 5)
+    want, _ = torch_steps(model, inputs, target=y, loss_fn=model.loss_fn, optimizer=opt, steps=5)
     dp = _compile(model, inputs, y, opt, sl.presets.data_parallel(2))
     first = cluster.run(dp, (*inputs, y), steps=3, progress=False)
     path = cluster.save(dp, tmp_path / "dp")

@@ -217,7 +217,7 @@ def test_the_in_process_executor_posts_its_boxing_on_the_in_process_communicator
 
     m = MLP(MLPConfig(n_blocks=1))
     xs, y = m.example_batch(8)
-    c = compile(m, xs, m.loss_fn, y, SGD(lr=0.1), presets.data_parallel(2))
+    c = compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=SGD(lr=0.1), strategy=presets.data_parallel(2))
     ex = c.executor()
     loss = ex.step(dict(zip(c.graph.inputs, [*xs, y])))
     assert loss == pytest.approx(float(m.loss_fn(m(*xs), y).detach()), rel=1e-5)  # plain torch, same parameters

@@ -164,7 +164,7 @@ def test_run_with_plain_inputs_matches_single_device_torch():
     optimizer = sl.SGD(lr=0.1, momentum=0.9)
     step = sl.compile(model, (idx,), loss_fn=GPT.loss_fn, target=targets, optimizer=optimizer,
                       strategy=sl.presets.dp_tp((2, 2)))
-    ref_losses, ref_params = torch_steps(model, (idx,), targets, GPT.loss_fn, optimizer, 3)
+    ref_losses, ref_params = torch_steps(model, (idx,), target=targets, loss_fn=GPT.loss_fn, optimizer=optimizer, steps=3)
     with sl.LocalCluster(4) as cluster:
         result = cluster.run(step, (idx, targets), steps=3, progress=False)
         # a micro-batched MLP fed per step, on the same workers (two of the four idle)

@@ -151,7 +151,7 @@ def test_dump_shows_sbp_and_local_shape_once_deduced():
     text = g.dump()
     assert "%blocks.0.fc1 = linear(%proj_in, %blocks.0.fc1.weight, %blocks.0.fc1.bias)" in text
     assert "f32[8, 64]" in text and "mlp.py:" in text
-    c = compile(model, xs, model.loss_fn, y, SGD(lr=0.1), presets.data_parallel(4))
+    c = compile(model, xs, loss_fn=model.loss_fn, target=y, optimizer=SGD(lr=0.1), strategy=presets.data_parallel(4))
     text = c.dump()
     assert "%x: f32[8, 16] input (S(0)) local [2, 16]" in text
     assert "%blocks.0.fc1.weight.grad = linear_grad_weight" in text
@@ -201,4 +201,4 @@ def test_micro_batches_must_divide_the_batch():
     model = MLP(MLPConfig(n_blocks=0))
     xs, y = model.example_batch(6)
     with pytest.raises(GraphError, match="does not divide into 4 micro-batches"):
-        compile(model, xs, model.loss_fn, y, SGD(), presets.pipeline(2, 4))
+        compile(model, xs, loss_fn=model.loss_fn, target=y, optimizer=SGD(), strategy=presets.pipeline(2, 4))

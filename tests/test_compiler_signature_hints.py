@@ -110,7 +110,7 @@ def test_forced_signature_is_taken_boxed_explained_and_trains_like_torch(mlp):
     assert boxed_bytes == pick.cost > 0
     assert c.summary() != _compile(mlp, presets.data_parallel(2)).summary()
     m, xs, y = mlp
-    r = compare(m, xs, y, m.loss_fn, OPT, st, steps=2)
+    r = compare(m, xs, target=y, loss_fn=m.loss_fn, optimizer=OPT, strategy=st, steps=2)
     assert r.loss_err < 2e-5 and r.max_param_err < 2e-5, r
 
 
@@ -133,7 +133,7 @@ def test_two_d_text_and_a_glob_force_every_matching_op(gpt):
     fc2 = c.graph.op_by_name["blocks.0.mlp.fc2"]
     assert c.deduction.produced[fc2.inputs[0]] == (S(0), S(1))
     m, xs, y = gpt
-    r = compare(m, xs, y, m.loss_fn, OPT, st, steps=2)
+    r = compare(m, xs, target=y, loss_fn=m.loss_fn, optimizer=OPT, strategy=st, steps=2)
     assert r.loss_err < 2e-5 and r.max_param_err < 2e-5, r
 
 

@@ -19,7 +19,7 @@ def _mlp(n_blocks=1, batch=8):
 
 def _compile(strategy, model=None, optimizer=None, n_blocks=1):
     m, xs, y = _mlp(n_blocks) if model is None else model
-    return compile(m, xs, m.loss_fn, y, optimizer or SGD(lr=0.1, momentum=0.9), strategy)
+    return compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=optimizer or SGD(lr=0.1, momentum=0.9), strategy=strategy)
 
 
 def test_data_parallel_forward_has_no_collective_and_each_grad_is_all_reduced_once():
@@ -46,7 +46,7 @@ def test_megatron_mlp_block_has_one_all_reduce_forward_and_one_backward():
 def test_megatron_gpt_has_two_all_reduces_per_layer_each_way():
     m = GPT(GPTConfig(n_layer=2))
     xs, y = m.example_batch(2)
-    c = compile(m, xs, m.loss_fn, y, SGD(lr=0.1), presets.tensor_parallel(4))
+    c = compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=SGD(lr=0.1), strategy=presets.tensor_parallel(4))
     fwd = [b.tensor for b in c.deduction.collective_boxings("forward")]
     assert sorted(fwd) == ["blocks.0.attn.proj", "blocks.0.mlp.fc2", "blocks.1.attn.proj", "blocks.1.mlp.fc2"]
     assert c.physical.count("all_reduce", "backward") == 4 and len(c.physical.collectives) == 8
@@ -85,7 +85,7 @@ def test_zero_divides_optimizer_state_by_the_mesh_size(shard_params):
 def test_pipeline_stages_exchange_only_send_recv():
     m = GPT(GPTConfig(n_layer=2))
     xs, y = m.example_batch(4)
-    c = compile(m, xs, m.loss_fn, y, Adam(eps=1e-4), presets.pipeline(2, 2))
+    c = compile(m, xs, loss_fn=m.loss_fn, target=y, optimizer=Adam(eps=1e-4), strategy=presets.pipeline(2, 2))
     phys = c.physical
     assert {col.kind for col in phys.collectives} == {"send_recv"}
     assert {col.group for col in phys.collectives} <= {(0, 1), (1, 0)}

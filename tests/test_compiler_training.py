@@ -51,7 +51,7 @@ def _check(model_name: str, preset: tuple) -> None:
     model = cls(cfg)
     xs, y = model.example_batch(batch)
     make, opt = preset
-    r = compare(model, xs, y, model.loss_fn, opt, make(), steps=3)
+    r = compare(model, xs, target=y, loss_fn=model.loss_fn, optimizer=opt, strategy=make(), steps=3)
     assert r.loss_err < TOL, r
     assert r.max_param_err < TOL, r
     assert r.losses[2] < r.losses[0]  # it trains
@@ -76,7 +76,7 @@ def test_gradients_and_micro_batches_match_torch():
 
     model = GPT(GPTConfig(n_layer=1))
     xs, y = model.example_batch(8)  # 4 micro-batches of 2, each split over 2 data-parallel ranks
-    r = compare(model, xs, y, model.loss_fn, SGD(lr=0.1), presets.pipeline(2, 4, 2, "dp"), steps=1)
+    r = compare(model, xs, target=y, loss_fn=model.loss_fn, optimizer=SGD(lr=0.1), strategy=presets.pipeline(2, 4, 2, "dp"), steps=1)
     ref = copy.deepcopy(model)
     model.loss_fn(ref(*xs), y).backward()
     ex = r.compiled.executor()

@@ -49,7 +49,7 @@ def cuda_cluster():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_trains_like_torch_over_nccl(cuda_cluster, name):
     m, x, y = _mlp(blocks=max(1, RANKS - 1))
-    ref, _ = torch_steps(m, (x,), y, m.loss_fn, sl.SGD(lr=0.1), STEPS)
+    ref, _ = torch_steps(m, (x,), target=y, loss_fn=m.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS)
     step = sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=sl.SGD(lr=0.1),
                       strategy=PRESETS[name](RANKS), device="cuda")
     assert step.plan().device_type == "cuda"

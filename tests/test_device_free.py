@@ -161,7 +161,7 @@ def test_eager_tensors_on_a_device_free_placement_live_on_this_cpu():
 @pytest.mark.multiprocess
 def test_cpu_and_device_free_steps_run_on_a_cpu_cluster_and_a_cuda_step_does_not():
     m, x, y = _mlp()
-    ref, _ = torch_steps(m, (x,), y, m.loss_fn, sl.SGD(lr=0.1), STEPS)
+    ref, _ = torch_steps(m, (x,), target=y, loss_fn=m.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS)
     st = sl.presets.data_parallel(2)
     cpu_step, free_step = _compile(m, x, y, st, "cpu"), _compile(m, x, y, st)
     cuda_step = _compile(m, x, y, st, "cuda")

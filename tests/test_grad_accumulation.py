@@ -46,8 +46,8 @@ def test_accumulation_on_workers_equals_torch(cluster, preset):
     acc = [op for op in step.graph.ops if op.type == "acc" and op.outputs[0] in step.graph.grads.values()]
     assert len(acc) == len(step.graph.params)  # every gradient summed over the micro-batches
     result = cluster.run(step, (x, y), steps=STEPS, progress=False)
-    want, want_params = torch_steps(model, (x,), y, model.loss_fn, opt, STEPS, micro_batches=M)
-    one_batch, _ = torch_steps(model, (x,), y, model.loss_fn, opt, STEPS)
+    want, want_params = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=STEPS, micro_batches=M)
+    one_batch, _ = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=STEPS)
     assert result.losses == pytest.approx(want, rel=1e-5, abs=1e-6)
     for name, p in want_params.items():
         assert torch.allclose(result.params[name].full(), p, atol=1e-5), name
@@ -71,7 +71,7 @@ def test_accumulation_with_bf16_and_full_recomputation(cluster):
                           strategy=strategy)
     assert step.recompute.cloned > 0
     result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS,
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS,
                                     precision=prec, micro_batches=M)
     assert result.losses == pytest.approx(want, abs=2e-3)
     for name, p in want_params.items():

@@ -73,8 +73,8 @@ def test_graph_computes_in_bf16_from_fp32_masters(dp_bf16):
     ex = _compile(model, idx, targets, sl.Strategy(sl.Placement("cpu", [0])), BF16).executor()
     feeds = {"idx": idx, "target": targets}
     losses = [ex.step(feeds) for _ in range(STEPS)]
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS, precision=BF16)
-    plain, _ = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS)
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS, precision=BF16)
+    plain, _ = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS)
     # torch's autocast op for op (to fp32 rounding of the loss's mean), and not fp32 in disguise
     assert losses == pytest.approx(want, rel=1e-6) and losses != pytest.approx(plain, rel=1e-6)
     for name, p in want_params.items():
@@ -87,7 +87,7 @@ def test_bf16_on_workers_equals_torch_autocast(cluster, dp_bf16, preset):
     model, idx, targets = _gpt()
     step = dp_bf16 if preset == "dp" else _compile(model, idx, targets, sl.presets.tensor_parallel(2), BF16)
     result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS, precision=BF16)
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS, precision=BF16)
     _check(result, want, want_params)
 
 
@@ -105,9 +105,9 @@ def test_bf16_gradients_and_optimizer_states_on_workers(cluster, dp_bf16):
     assert states and all(g.tensors[s].meta.dtype == torch.bfloat16 for s in states)
     assert step.deduction.total_bytes() < dp_bf16.deduction.total_bytes()  # bf16 all-reduces
     result = cluster.run(step, (idx, targets), steps=STEPS, progress=False)
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=prec)
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=opt, steps=STEPS, precision=prec)
     _check(result, want, want_params)
-    plain, _ = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=BF16)
+    plain, _ = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=opt, steps=STEPS, precision=BF16)
     assert want != plain  # the rounding of gradients and states is really there
 
 
@@ -129,7 +129,7 @@ def test_adam_with_bf16_gradients_and_moments_equals_torch():
     assert moments and all(step.graph.tensors[s].meta.dtype == torch.bfloat16 for s in moments)
     ex = step.executor()
     losses = [ex.step({"idx": idx, "target": targets}) for _ in range(STEPS)]
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, opt, STEPS, precision=prec)
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=opt, steps=STEPS, precision=prec)
     assert losses == pytest.approx(want, rel=1e-6)
     for name, p in want_params.items():
         assert torch.allclose(ex.value(name), p, atol=1e-6, rtol=0), name

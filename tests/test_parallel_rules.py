@@ -131,7 +131,7 @@ def test_a_layer_the_rule_cannot_split_is_named_in_a_warning():
     assert c.deduction.sbp["a_fc1.weight"] == (sl.S(0),) and c.deduction.sbp["b_fc1.weight"] == (sl.B,)
     text = st.report.text()
     assert "TensorParallel('tp')" in text and "paired [a_fc1]" in text and "not paired [b_fc1]" in text
-    r = sl.compare_with_torch(_Mixed(), (x,), y, F.cross_entropy, sl.SGD(lr=0.1), st, steps=2)
+    r = sl.compare_with_torch(_Mixed(), (x,), target=y, loss_fn=F.cross_entropy, optimizer=sl.SGD(lr=0.1), strategy=st, steps=2)
     assert r.loss_err < 2e-5 and r.max_param_err < 2e-5
 
 

@@ -52,7 +52,7 @@ def _batch(n: int = 8):
 
 def _compile(model, strategy):
     xs, y = _batch()
-    return compile(model, xs, F.cross_entropy, y, SGD(lr=0.1), strategy)
+    return compile(model, xs, loss_fn=F.cross_entropy, target=y, optimizer=SGD(lr=0.1), strategy=strategy)
 
 
 def _dp_on_axis_0() -> Strategy:
@@ -72,7 +72,7 @@ def test_layernorm_between_breaks_the_pair_and_the_step_keeps_only_dp_all_reduce
     assert "not paired [fc1]" in text and "layer_norm 'ln' cannot keep the split" in text
     assert "row candidate fc2 left replicated" in text
     xs, y = _batch()
-    r = compare(model, xs, y, F.cross_entropy, SGD(lr=0.1), presets.dp_tp((2, 2)), steps=3)
+    r = compare(model, xs, target=y, loss_fn=F.cross_entropy, optimizer=SGD(lr=0.1), strategy=presets.dp_tp((2, 2)), steps=3)
     assert r.loss_err < 2e-5 and r.max_param_err < 2e-5, r
 
 

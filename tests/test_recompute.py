@@ -79,7 +79,7 @@ def test_the_activation_peak_drops(dp_steps):
 @pytest.mark.multiprocess
 def test_workers_recompute_in_the_backward_and_train_like_torch(dp_steps):
     model, idx, targets = _gpt()
-    want, want_params = torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=0.1), STEPS)
+    want, want_params = torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=0.1), steps=STEPS)
     tp_full = _compile(sl.presets.tensor_parallel(2), "full", capture="aten")
     assert _clones(tp_full)
     measured = {}  # the peak bytes each rank's runtime held (RunResult.memory)

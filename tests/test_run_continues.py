@@ -60,7 +60,7 @@ def test_two_runs_of_3_steps_equal_one_run_of_6_and_torch(cluster, opt):
     assert six.losses[:3] == first.losses  # restart: the first run again, to the bit
     assert first.losses + second.losses == six.losses  # the state comes back exactly as it was
     _same_params(second, six)
-    want, want_params = torch_steps(model, (x,), y, model.loss_fn, optimizer, 6)
+    want, want_params = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=optimizer, steps=6)
     assert first.losses + second.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
     for name, p in want_params.items():
         assert torch.allclose(second.params[name].full(), p, atol=1e-4), name
@@ -70,7 +70,7 @@ def test_reset_and_another_step_start_from_their_compiled_weights(cluster):
     model, x, y = _model()
     opt = sl.SGD(lr=0.1, momentum=0.9)
     step = _compile(model, x, y, opt)
-    want, _ = torch_steps(model, (x,), y, model.loss_fn, opt, 4)
+    want, _ = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=4)
     assert cluster.run(step, (x, y), steps=2, progress=False).losses == pytest.approx(want[:2], rel=1e-4)
     other = _compile(model, x, y, opt)  # the same module compiled again: a step of its own
     assert not cluster.has_state(other)
@@ -95,7 +95,7 @@ def test_a_failed_run_keeps_the_last_finished_state_across_respawned_workers(clu
     model, x, y = _model()
     opt = sl.Adam(lr=0.01)
     step = _compile(model, x, y, opt)
-    want, want_params = torch_steps(model, (x,), y, model.loss_fn, opt, 6)
+    want, want_params = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=6)
     cluster.run(step, (x, y), steps=3, progress=False)
     pids = cluster.pids
 
@@ -167,7 +167,7 @@ def test_tensor_parallel_runs_continue_too(cluster):
                       strategy=sl.presets.tensor_parallel(2))
     first = cluster.run(step, (x, y), steps=2, progress=False)
     second = cluster.run(step, (x, y), steps=2, progress=False)
-    want, want_params = torch_steps(model, (x,), y, model.loss_fn, opt, 4)
+    want, want_params = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=4)
     assert first.losses + second.losses == pytest.approx(want, rel=1e-4, abs=1e-5)
     for name, p in want_params.items():
         assert torch.allclose(second.params[name].full(), p, atol=1e-4), name
@@ -181,7 +181,7 @@ def test_the_same_workers_continue_from_what_they_keep_and_others_get_the_driver
     model, x, y = _model()
     opt = sl.Adam(lr=0.01)
     step = _compile(model, x, y, opt)
-    want, _ = torch_steps(model, (x,), y, model.loss_fn, opt, 6)
+    want, _ = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=6)
     shipped = []
 
     def spy(plan, batches, opts):
@@ -244,7 +244,7 @@ def test_a_bad_batch_is_refused_on_the_driver_without_losing_the_workers_or_the_
     model, x, y = _model()
     opt = sl.SGD(lr=0.1, momentum=0.9)
     step = _compile(model, x, y, opt)
-    want, _ = torch_steps(model, (x,), y, model.loss_fn, opt, 4)
+    want, _ = torch_steps(model, (x,), target=y, loss_fn=model.loss_fn, optimizer=opt, steps=4)
     cluster.run(step, (x, y), steps=2, progress=False)
     pids = cluster.pids
     for bad in (y[:4], y.float()):

@@ -20,7 +20,7 @@ from sbplab.runtime.schedule import check_comm_order, derive_comm_order
 def _plan():
     m = MLP(MLPConfig(in_dim=8, width=16, hidden=32, n_blocks=2, n_classes=4))
     x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
-    step = compile(m, (x,), torch.nn.functional.cross_entropy, y, optimizer=Adam(lr=1e-3),
+    step = compile(m, (x,), loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=Adam(lr=1e-3),
                    strategy=presets.data_parallel(2, micro_batches=2))
     return step.plan()
 

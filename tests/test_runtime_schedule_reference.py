@@ -114,7 +114,7 @@ CASES = [
                               "mlp-pipeline4", "mlp-dp3"])
 def test_derived_order_equals_the_plain_simulation(model, strategy, opt):
     m, xs, y, loss = (_gpt if model == "gpt" else _mlp)()
-    step = compile(m, xs, loss, y, optimizer=opt, strategy=strategy())
+    step = compile(m, xs, loss_fn=loss, target=y, optimizer=opt, strategy=strategy())
     plan = step.plan()
     want = _reference_order(plan)
     assert plan.comm_order == want

@@ -24,13 +24,13 @@ from sbplab.runtime.schedule_uniform import derive_from_one, uniform_rank
 def _gpt(strategy, optimizer, heads=2):
     m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=heads, n_embd=16))
     x = torch.randint(0, 32, (8, 8))
-    return compile(m, (x,), GPT.loss_fn, x, optimizer=optimizer, strategy=strategy)
+    return compile(m, (x,), loss_fn=GPT.loss_fn, target=x, optimizer=optimizer, strategy=strategy)
 
 
 def _mlp(strategy, optimizer):
     m = MLP(MLPConfig(in_dim=8, width=16, hidden=32, n_blocks=3, n_classes=4))
     x, y = torch.randn(12, 8), torch.randint(0, 4, (12,))
-    return compile(m, (x,), torch.nn.functional.cross_entropy, y, optimizer=optimizer, strategy=strategy)
+    return compile(m, (x,), loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=optimizer, strategy=strategy)
 
 
 UNIFORM = [

@@ -167,7 +167,7 @@ def test_the_result_compiles_to_the_chosen_signatures_and_trains_like_torch():
         picks += [c for c in res.candidates if want(c)][:1]
     assert len(picks) == 4
     for c in picks:
-        cmp = compare(m, (x,), y, m.loss_fn, opt, c.strategy, steps=2)
+        cmp = compare(m, (x,), target=y, loss_fn=m.loss_fn, optimizer=opt, strategy=c.strategy, steps=2)
         got = {n: cmp.compiled.deduction.choices[n].signature for n in c.signatures}
         assert got == c.signatures, c.describe()
         assert cmp.losses == pytest.approx(cmp.ref_losses, rel=1e-4, abs=1e-5), c.describe()
@@ -229,5 +229,5 @@ def test_searched_strategy_runs_on_two_workers_like_torch():
     step = sl.compile(m, (x,), loss_fn=m.loss_fn, target=y, optimizer=opt, strategy=res.strategy)
     with sl.LocalCluster(2) as cluster:
         run = cluster.run(step, dict(zip(step.graph.inputs, (x, y))), steps=3, progress=False)
-    ref, _ = torch_steps(m, (x,), y, m.loss_fn, opt, 3)
+    ref, _ = torch_steps(m, (x,), target=y, loss_fn=m.loss_fn, optimizer=opt, steps=3)
     assert run.losses == pytest.approx(ref, rel=1e-4, abs=1e-5)

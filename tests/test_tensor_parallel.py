@@ -86,7 +86,7 @@ def test_zoo_gpt_tensor_and_sequence_parallel_train_like_torch(cluster):
     assert fwd == Counter({("forward", "reduce_scatter"): 5, ("forward", "all_gather"): 6})
     assert ("backward", "all_to_all") not in _counts(seq)  # row outputs' gradients gathered, not re-split
     assert seq.deduction.sbp["blocks.0.ln_2.weight"] == (sl.B,)
-    want, params = sl.torch_steps(model, (idx,), targets, model.loss_fn, sl.SGD(lr=LR), 2)
+    want, params = sl.torch_steps(model, (idx,), target=targets, loss_fn=model.loss_fn, optimizer=sl.SGD(lr=LR), steps=2)
     for step in (plain, seq):
         result = cluster.run(step, (idx, targets), steps=2)
         assert result.losses == pytest.approx(want, abs=2e-5)

@@ -29,7 +29,7 @@ def editor():
 
 def _reference(editor: StrategyEditor, steps: int):
     m = editor.model
-    return torch_steps(m.module, m.inputs, m.target, m.loss_fn, editor.optimizer_def(), steps)
+    return torch_steps(m.module, m.inputs, target=m.target, loss_fn=m.loss_fn, optimizer=editor.optimizer_def(), steps=steps)
 
 
 def _watch_running(p: RunPanel) -> list[tuple[float, int, list]]:

@@ -46,7 +46,7 @@ def _run_matches_torch(editor: StrategyEditor, steps: int = 2) -> None:
     ex = c.executor()
     feeds = dict(zip(c.graph.inputs, [*m.inputs, m.target]))
     losses = [ex.step(feeds) for _ in range(steps)]
-    ref_losses, ref_params = torch_steps(m.module, m.inputs, m.target, m.loss_fn, editor.optimizer_def(), steps)
+    ref_losses, ref_params = torch_steps(m.module, m.inputs, target=m.target, loss_fn=m.loss_fn, optimizer=editor.optimizer_def(), steps=steps)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
     for name, p in ref_params.items():
         assert torch.allclose(ex.value(name), p, atol=1e-5), name
@@ -226,7 +226,7 @@ def test_a_torch_module_is_searched_as_given():
     torch.manual_seed(0)
     m = sl.models.MLP(sl.models.MLPConfig(**MLP_SIZES))
     (x,), y = m.example_batch(8)
-    p = SearchPanel(m, (x,), y, m.loss_fn, memory_limit=1e9, **SMALL)
+    p = SearchPanel(m, (x,), target=y, loss_fn=m.loss_fn, memory_limit=1e9, **SMALL)
     assert p.memory_limit == "1000000000" and p.settings()["memory_limit"] == 10**9
     res = p.search()
     assert res is not None and p.model_name == "MLP"

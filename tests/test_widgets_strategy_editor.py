@@ -41,7 +41,7 @@ def _run_matches_torch(editor: StrategyEditor, steps: int = 2) -> None:
     ex = c.executor()
     feeds = dict(zip(c.graph.inputs, [*m.inputs, m.target]))
     losses = [ex.step(feeds) for _ in range(steps)]
-    ref_losses, ref_params = torch_steps(m.module, m.inputs, m.target, m.loss_fn, editor.optimizer_def(), steps)
+    ref_losses, ref_params = torch_steps(m.module, m.inputs, target=m.target, loss_fn=m.loss_fn, optimizer=editor.optimizer_def(), steps=steps)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
     for name, p in ref_params.items():
         assert torch.allclose(ex.value(name), p, atol=1e-5), name

@@ -134,14 +134,16 @@ def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | No
     return Compiled(g, strategy, d, phys, recompute=report)
 
 
-def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None = None,
-            target: torch.Tensor | None = None, optimizer: Any = None, strategy: Strategy | None = None,
+def compile(model: torch.nn.Module, inputs: Any, *, target: torch.Tensor | None = None,
+            loss_fn: Callable | None = None, optimizer: Any = None, strategy: Strategy | None = None,
             hardware: Hardware | None = None, capture: str = "auto", device: str | None = None) -> Compiled:
-    """Trace ``module`` and compile its training step under ``strategy``.
+    """Trace ``model`` and compile its training step under ``strategy``.
 
-    ``example_inputs`` and ``target`` are one full batch; with M micro-batches the module is traced
+    The arguments after ``inputs`` are keywords, in the order every entry point uses (compile, search,
+    compare_with_torch, the widgets): target, loss_fn, optimizer, strategy, hardware.
+    ``inputs`` and ``target`` are one full batch; with M micro-batches the module is traced
     on the first 1/M of it, so the batch size must divide by M. The step then takes batches of
-    exactly this size (``step.feeds`` checks them). ``example_inputs`` may be a dict of keyword
+    exactly this size (``step.feeds`` checks them). ``inputs`` may be a dict of keyword
     inputs, and ``loss_fn`` None when the model computes its own loss (a transformers model given
     ``labels``): ``sl.compile(model, {"input_ids": x, "labels": x})``.
 
@@ -156,15 +158,15 @@ def compile(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | No
     cores) change the graph the runtime executes; see ``training/precision_pass.py`` and
     ``training/recompute.py``.
     """
-    if not isinstance(module, torch.nn.Module):
+    if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"sl.compile needs a torch.nn.Module (for a hand-built graph use sl.compile_graph), "
-                             f"got {type(module).__name__}")
+                             f"got {type(model).__name__}")
     if strategy is not None and not isinstance(strategy, Strategy):
         raise InputTypeError(f"sl.compile: strategy must be an sl.Strategy (sl.presets.data_parallel(2), ...), got "
                              f"{type(strategy).__name__}")
     strategy = bind_device(strategy or Strategy(as_mesh(1), name="single device"), device)
     optimizer = as_optimizer(optimizer)  # refused before tracing, with the sbplab optimizer to write instead
     with sharded_loss(splits_vocabulary(strategy)):  # the cross entropy written for vocabulary shards
-        g = trace_training_graph(module, example_inputs, loss_fn, target, strategy.micro_batches, optimizer,
+        g = trace_training_graph(model, inputs, loss_fn, target, strategy.micro_batches, optimizer,
                                  capture=capture, precision=strategy.precision)
     return compile_training_graph(g, strategy, hardware)

@@ -43,8 +43,8 @@ class Comparison:
                 f"param err {self.max_param_err:.2e} ({worst}))")
 
 
-def torch_steps(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, loss_fn: Callable,
-                optimizer: Any, steps: int, *, precision: Precision | None = None,
+def torch_steps(model: torch.nn.Module, inputs: tuple, *, target: torch.Tensor | None, loss_fn: Callable | None,
+                optimizer: Any, steps: int, precision: Precision | None = None,
                 micro_batches: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train a deep copy of ``model`` for ``steps`` steps; returns the losses and final parameters.
 
@@ -91,14 +91,14 @@ def _round(m: torch.nn.Module, opt: torch.optim.Optimizer, precision: Precision)
                 state[key] = v.to(DTYPES[precision.optim_state]).to(v.dtype)
 
 
-def compare(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, loss_fn: Callable, optimizer: Any,
-            strategy: Strategy, steps: int = 3) -> Comparison:
+def compare(model: torch.nn.Module, inputs: tuple, *, target: torch.Tensor | None, loss_fn: Callable | None,
+            optimizer: Any, strategy: Strategy, steps: int = 3) -> Comparison:
     """Compiled (``strategy``, LocalExecutor) against single-device torch over ``steps`` steps."""
-    c = compile(model, inputs, loss_fn, target, optimizer, strategy)
+    c = compile(model, inputs, loss_fn=loss_fn, target=target, optimizer=optimizer, strategy=strategy)
     ex = c.executor()
     feeds = dict(zip(c.graph.inputs, list(inputs) + [target]))
     losses = [ex.step(feeds) for _ in range(steps)]
-    ref_losses, ref_params = torch_steps(model, inputs, target, loss_fn, optimizer, steps,
+    ref_losses, ref_params = torch_steps(model, inputs, target=target, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
                                          precision=strategy.precision, micro_batches=strategy.micro_batches)
     err = {n: (ex.value(n) - p).abs().max().item() for n, p in ref_params.items()}
     return Comparison(losses, ref_losses, err, c)

@@ -129,7 +129,7 @@ def _compile(strategy: Any, model: Any, example_inputs: Any, loss_fn: Callable |
         if not hasattr(model, "example_batch"):
             raise TypeError(f"to_dtensor: {type(model).__name__} has no example_batch(); pass example_inputs=")
         example_inputs, target = model.example_batch(2 * strategy.micro_batches)
-    return compile(model, example_inputs, loss_fn or getattr(model, "loss_fn", None), target, strategy=strategy)
+    return compile(model, example_inputs, loss_fn=loss_fn or getattr(model, "loss_fn", None), target=target, strategy=strategy)
 
 
 def _export(step: Any) -> DTensorExport:

@@ -153,10 +153,10 @@ def _price_preset(space: Space, pc: PresetChoice) -> Candidate:
                      pr.memory(assign, spec.zero), pr, _strategy=pc.strategy)
 
 
-def search(model: torch.nn.Module, inputs: Any, loss_fn: Callable | None = None, target: torch.Tensor | None = None,
-           optimizer: Any = None, devices: int = 8, hardware: Hardware | None = None,
+def search(model: torch.nn.Module, inputs: Any, *, target: torch.Tensor | None = None,
+           loss_fn: Callable | None = None, optimizer: Any = None, devices: int = 8, hardware: Hardware | None = None,
            memory_limit: float | None = None, method: str = "auto", time_budget: float | None = None,
-           seed: int = 0, *, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
+           seed: int = 0, pipelines: bool = True, zero_levels: tuple[int, ...] = ZERO_LEVELS,
            node_size: int | None = None, max_mesh_ndim: int = 2, reduce: bool | None = None,
            rerank_top: int = 3, simulate: bool = True, on_progress: ProgressCallback | None = None,
            measure_on: Any = None, capture: str = "auto", candidates: Any = None) -> SearchResult:

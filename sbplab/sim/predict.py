@@ -76,9 +76,20 @@ def _check(plan: ActorPlan, hw: Hardware, steps: int) -> None:
         raise SimulationError(f"plan {plan.name!r} has no actors on any of its {plan.world_size} ranks")
 
 
-def simulate(step: Any, hw: Hardware, *, steps: int = 3, feeds: Mapping[str, Any] | None = None,
-             framework: Framework | None = None) -> Prediction:
-    """Simulate ``steps`` training steps of ``step`` (a Compiled step or an ActorPlan) on ``hw``.
+def default_hardware(step: Any, plan: ActorPlan) -> Hardware:
+    """The machine a step is simulated on when none is named: the one it was compiled for, else its device's."""
+    from .memory_model import reference_hardware
+
+    compiled_for = getattr(getattr(step, "deduction", None), "hardware", None)
+    return compiled_for if isinstance(compiled_for, Hardware) else reference_hardware(plan.device_type)
+
+
+def simulate(step: Any, hardware: Hardware | None = None, *, steps: int = 3,
+             feeds: Mapping[str, Any] | None = None, framework: Framework | None = None) -> Prediction:
+    """Simulate ``steps`` training steps of ``step`` (a Compiled step or an ActorPlan) on ``hardware``
+    (``hw`` below): by default the machine the step was compiled for, else the one its device implies
+    (``sim.memory_model.reference_hardware``: a CPU box, or an H100 node for a CUDA step), the same
+    default as ``step.memory``.
 
     feeds: for a hand-built plan with Source actors, each feed's batch (a tensor or a shape), as it
         would be given to ``cluster.run``; a Compiled step knows its own.
@@ -93,6 +104,7 @@ def simulate(step: Any, hw: Hardware, *, steps: int = 3, feeds: Mapping[str, Any
     ``MemoryCapacityWarning``.
     """
     plan, batch, known = plan_of(step)
+    hw = hardware if hardware is not None else default_hardware(step, plan)
     batch.update(batch_shapes(feeds))
     whole = framework is not None and framework.recompute_whole_layer
     return simulate_plan(plan, hw, steps=steps, batch=batch, comm=known, pricing=pricing_of(step, whole),

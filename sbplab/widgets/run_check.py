@@ -51,8 +51,8 @@ class NumericCheck:
 def check_against_torch(model: BuiltModel, optimizer: Any, losses: list[float],
                         params: Mapping[str, torch.Tensor]) -> NumericCheck:
     """Train a copy of ``model.module`` for ``len(losses)`` steps with ``optimizer.torch`` and compare."""
-    ref_losses, ref_params = torch_steps(model.module, model.inputs, model.target, model.loss_fn, optimizer,
-                                         len(losses))
+    ref_losses, ref_params = torch_steps(model.module, model.inputs, target=model.target, loss_fn=model.loss_fn, optimizer=optimizer,
+                                         steps=len(losses))
     missing = sorted(set(ref_params) - set(params))
     if missing:
         raise ValueError(f"the run did not give back parameters {', '.join(missing[:5])}; "

@@ -80,11 +80,11 @@ class SearchPanel(SbplabWidget):
     editor_ref = t.Unicode("").tag(sync=True)  # "anywidget:<model id>" of the editor the result opened in
     editor_note = t.Unicode("").tag(sync=True)
 
-    def __init__(self, source: StrategyEditor | ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None,
-                 target: torch.Tensor | None = None, loss_fn: Callable | None = None, *,
-                 hardware: str = "h100_node", devices: int = 8, memory_limit: str | float | None = None,
-                 method: str = "auto", time_budget: str | float | None = None, seed: int = 0,
-                 optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, source: StrategyEditor | ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None, *,
+                 target: torch.Tensor | None = None, loss_fn: Callable | None = None, optimizer: str = "sgd",
+                 lr: float = 0.1, momentum: float = 0.0, hardware: str = "h100_node", devices: int = 8,
+                 memory_limit: str | float | None = None, method: str = "auto", time_budget: str | float | None = None,
+                 seed: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.editor: StrategyEditor | None = None  # where "open in editor" shows the result
         self.builder: ModelBuilder | None = None

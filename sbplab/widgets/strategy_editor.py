@@ -106,8 +106,8 @@ class StrategyEditor(EditorPrediction):
     version = t.Int(0).tag(sync=True)  # +1 after every successful recompute
     stale = t.Bool(False).tag(sync=True)  # the views show the last valid result: the settings have an error
 
-    def __init__(self, model: ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None,
-                 target: torch.Tensor | None = None, loss_fn: Callable | None = None, *, preset: str = "dp",
+    def __init__(self, model: ModelBuilder | BuiltModel | torch.nn.Module, inputs: Any = None, *,
+                 target: torch.Tensor | None = None, loss_fn: Callable | None = None, preset: str = "dp",
                  mesh: Any = (2,), micro_batches: int = 1, stages: int = 2, inner: str = "none",
                  optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0, hardware: Hardware | None = None,
                  **kwargs: Any) -> None:

@@ -34,7 +34,7 @@ def mlp():
     loss_fn = torch.nn.functional.cross_entropy
     step = compile(model, xs, loss_fn=loss_fn, target=y, optimizer=SGD(lr=0.1),
                    strategy=presets.data_parallel(2))
-    ref_losses, _ = torch_steps(model, xs, y, loss_fn, SGD(lr=0.1), 3)
+    ref_losses, _ = torch_steps(model, xs, target=y, loss_fn=loss_fn, optimizer=SGD(lr=0.1), steps=3)
     return step, (*xs, y), ref_losses
 
 
