@@ -21,6 +21,7 @@ import pytest
 from test_browser_widgets import (  # noqa: F401  (the fixtures are used by name)
     CONTRAST_JS,
     FONT_JS,
+    PLOTLY_JS,
     SCREENSHOT_DIR,
     TOKEN,
     jupyter_lab,
@@ -33,11 +34,15 @@ pytestmark = pytest.mark.browser
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
-# notebook -> the widgets its Run All leaves on the page (their root classes)
+# notebook -> the widgets its Run All leaves on the page (their root classes); the notebooks with pictures
+# and no widget are measured too (09-11 show neither)
 WIDGETS = {
     "01_sbp_basics.ipynb": (".sbplab-pg",),
+    "02_boxing_and_cost.ipynb": (),  # pictures only (rings drawn step by step): measured, nothing to drive
     "03_data_vs_tensor_parallel.ipynb": (".sbplab-se",),
+    "04_2d_sbp_megatron.ipynb": (),  # layout, physical-graph and timeline pictures
     "05_pipelines_and_actors.ipynb": (".sbplab-rp",),
+    "06_zero.ipynb": (),  # charts and ZeRO-3's timeline
     "07_simulate.ipynb": (".sbplab-se", ".sbplab-rp"),
     "08_search.ipynb": (".sbplab-sp",),
 }
@@ -63,8 +68,8 @@ OVERFLOW_JS = """(sel) => [...document.querySelectorAll(sel)].map((out) => {
   const box = out.getBoundingClientRect();
   const right = Math.max(...[...out.children].map((c) => c.getBoundingClientRect().right));
   return { scroll: out.scrollWidth, width: out.clientWidth, over: right - box.right,
-           what: (out.querySelector(".sbplab-widget, .sbplab-zoom, svg, .js-plotly-plot") || out).className.baseVal
-             ?? (out.querySelector(".sbplab-widget, .sbplab-zoom, svg, .js-plotly-plot") || out).className };
+           what: (out.querySelector(".sbplab-widget, .sbplab-zoom, svg, .js-plotly-plot") || out)
+             .getAttribute("class") || "" };
 }).filter((o) => o.scroll > o.width + 1 || o.over > 1)"""
 
 
@@ -105,7 +110,7 @@ def tutorials(jupyter_lab):  # noqa: F811
 def _measure(page, theme: str, tag: str) -> None:
     """Every widget and picture output: text >= 9 px, contrast >= 4.5:1, within its column, in ``theme``."""
     set_theme(page, theme)
-    checked, weak, small = 0, [], []
+    checked, weak, small, sized = 0, [], [], 0
     outputs = page.locator(PICTURE_OUTPUTS).all()
     assert outputs, "no widget or picture output on the page"
     for out in outputs:
@@ -113,8 +118,15 @@ def _measure(page, theme: str, tag: str) -> None:
             checked += 1
             if r["ratio"] < 4.5:
                 weak.append(r)
-        small += [f for f in out.evaluate(FONT_JS) if f["px"] < 9 - 0.01]
-    assert checked > 10, checked
+        fonts = out.evaluate(FONT_JS)
+        sized += len(fonts)
+        small += [f for f in fonts if f["px"] < 9 - 0.01]
+    for fig in page.locator(".jp-OutputArea-output .js-plotly-plot").all():  # SVG text: its fill on the page
+        got = fig.evaluate(PLOTLY_JS)
+        assert got["paper"] in ("transparent", "rgba(0, 0, 0, 0)"), f"{tag}, {theme}: a plotly card {got}"
+        weak += [{"plotly": w} for w in got["weak"]]
+        checked += got["n"]
+    assert sized > 10, (tag, sized)  # every text's size measured (SVG text's contrast: the plotly check only)
     assert not weak, f"{tag}, {theme}: {len(weak)} of {checked} texts below 4.5:1: {weak[:6]}"
     assert not small, f"{tag}, {theme}: {len(small)} texts under 9 px: {small[:6]}"
     wide = page.evaluate(OVERFLOW_JS, PICTURE_OUTPUTS)
@@ -197,8 +209,11 @@ def test_tutorial_widgets_after_run_all(lab_page, tutorials, name):  # noqa: F81
         assert "Error displaying widget" not in text and "Traceback (most recent call last)" not in text, name
         for theme in ("JupyterLab Light", "JupyterLab Dark"):
             _measure(page, theme, f"{name} after Run All")
-            for cls in WIDGETS[name]:
-                _shoot(page, cls, f"{short}-{cls[8:]}-{'light' if theme.endswith('Light') else 'dark'}")
+            for cls in WIDGETS[name] or (PICTURE_OUTPUTS,):
+                what = cls[8:] if cls.startswith(".sbplab-") else "pictures"
+                _shoot(page, cls, f"{short}-{what}-{'light' if theme.endswith('Light') else 'dark'}")
+        if not WIDGETS[name]:
+            return
         _drive(page, name)  # in the dark theme, then measured in both
         for theme in ("JupyterLab Dark", "JupyterLab Light"):
             _measure(page, theme, f"{name} after using its widgets")

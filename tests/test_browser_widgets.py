@@ -208,7 +208,9 @@ def notebook_page(page, notebook: str, screenshot: str | None, height: int = 100
     page.evaluate(CLOSE_ALL_JS)
     set_theme(page, theme)
     try:
-        page.evaluate(f"window.jupyterapp.commands.execute('docmanager:open', {{path: '{notebook}'}})")
+        # the command returns the notebook's widget, which Playwright cannot always serialize: return nothing
+        page.evaluate(f"window.jupyterapp.commands.execute('docmanager:open', {{path: '{notebook}'}})"
+                      ".then(() => null)")
         page.wait_for_function("window.jupyterapp.shell.currentWidget"
                                f" && window.jupyterapp.shell.currentWidget.context?.path === '{notebook}'"
                                " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel",
