@@ -52,7 +52,7 @@ NOTEBOOKS = {
                      "from sbplab.widgets import StrategyEditor\n"
                      "m = sl.models.MLP(sl.models.MLPConfig())\n"
                      "(x,), y = m.example_batch(8)\n"
-                     "e = StrategyEditor(m, (x,), y, m.loss_fn, preset='dp', mesh=(4,))\n"
+                     "e = StrategyEditor(m, (x,), target=y, loss_fn=m.loss_fn, preset='dp', mesh=(4,))\n"
                      "e"),
     "search.ipynb": ("from sbplab.widgets import ModelBuilder, SearchPanel\n"
                      "b = ModelBuilder('mlp', n_blocks=1)\n"

@@ -200,7 +200,7 @@ def test_every_sbplab_error_class_is_exported():
 
 def test_sl_search_is_the_function_and_the_package_stays_importable():
     assert callable(sl.search)
-    assert list(inspect.signature(sl.search).parameters)[:3] == ["model", "inputs", "loss_fn"]
+    assert list(inspect.signature(sl.search).parameters)[:3] == ["model", "inputs", "target"]
     code = ("import sbplab.search.cost\nimport sbplab as sl\nfrom sbplab.search import cost, mesh\n"
             "from sbplab.search.search_api import search\n"
             "assert sl.search.cost is cost and sl.search.search is search and callable(sl.search)\n"

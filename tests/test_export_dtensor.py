@@ -53,7 +53,7 @@ def test_megatron_is_a_colwise_rowwise_plan():
     for p, pl in exp.placements.items():  # exactly sbplab's SBP, axis by axis
         assert repr(pl) == repr(tuple(step.deduction.sbp[p])).replace("S(", "Shard(").replace("B", "Replicate()")
     src = exp.code()
-    compile(src, "<export>", loss_fn="exec")
+    compile(src, "<export>", "exec")
     assert "'blocks.0.fc1': ColwiseParallel()," in src and "parallelize_module(model, mesh, plan)" in src
 
 
@@ -63,7 +63,7 @@ def test_dp_tp_keeps_both_axes_and_zero_is_fully_shard():
     assert repr(exp.placements["blocks.0.fc1.weight"]) == "(Replicate(), Shard(0))"
     assert repr(exp.input_placements["x"]) == "(Shard(0), Replicate())"
     assert exp.plan["blocks.1.fc2"] == "RowwiseParallel()"
-    compile(exp.code(), "<export>", loss_fn="exec")
+    compile(exp.code(), "<export>", "exec")
     z3, _ = _export(presets.zero(2))
     z2, _ = _export(presets.zero(2, shard_params=False))
     assert (z3.mode, z3.reshard_after_forward) == ("fully_shard", True)
@@ -216,7 +216,7 @@ def test_coverage_says_which_ops_dtensor_runs_as_sbplab():
     # the vocabulary-split embedding's output is reduced once where it leaves, in the code a user pastes too
     assert [m.module for m in exp.module_outputs] == ["transformer.wte"]
     src = exp.code()
-    compile(src, "<export>", loss_fn="exec")
+    compile(src, "<export>", "exec")
     assert "model.get_submodule('transformer.wte').register_forward_hook(leave_as([Replicate()]))" in src
 
 

@@ -23,7 +23,7 @@ from ..freeze import freeze
 from ..freeze import freeze as _freeze  # noqa: F401  (the name ops/choose.py and eager/dispatch.py import)
 from ..layout import Block, local_block, mesh_blocks, numel, partial_ok
 from ..placement import Placement
-from ..sbp import B, NdSbp, SbpParallel, fmt_sbp, normalize_split
+from ..sbp import B, NdSbp, SbpParallel, Split, fmt_sbp, normalize_split
 
 
 @dataclass(frozen=True)
@@ -304,6 +304,13 @@ def _canonical_rows(in_metas: Sequence[TensorMeta], out_metas: Sequence[TensorMe
         yield (None if None in ib else ib, None if None in ob else ob)
 
 
+def _strided_alone(nd: tuple) -> bool:
+    """No mesh axis splits the dim of another axis's strided split (the chunks of a piece are not a piece of
+    the chunks)."""
+    dims = [x.dim for x in nd if isinstance(x, Split)]
+    return all(dims.count(x.dim) == 1 for x in nd if isinstance(x, Split) and x.chunks > 1)
+
+
 @lru_cache(maxsize=4096)
 def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: tuple,
                           mesh_shape: tuple[int, ...]) -> tuple[NdSignature, ...]:
@@ -320,6 +327,8 @@ def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: t
         )
         if out_metas is None:  # what local_context infers for every rank of every signature
             out_metas = tuple(op.infer(in_metas, attrs))
+        if not all(_strided_alone(nd) for nd in (*sig.inputs, *sig.outputs)):
+            continue  # a strided split must be the only split of its dim (layout._check_chunked)
         rows = _canonical_rows(in_metas, out_metas, sig, mesh_shape)
         if _valid_on_ranks(op, in_metas, out_metas, attrs, sig, rows, seen):
             out.append(sig)

@@ -26,7 +26,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from .handshake import WrongTokenError, driver_side, read_join
+from .handshake import driver_side, read_join
 
 HANDSHAKE_TIMEOUT_S = 3.0  # join, challenge, answer and hello, all of it, per connection
 MAX_HELLO_BYTES = 64 * 1024  # a hello is a small dict; anything bigger is not one of ours
@@ -114,6 +114,12 @@ class Acceptor:
             threading.Thread(target=self._handshake, args=(sock, key, who), name="sbplab-handshake",
                              daemon=True).start()
 
+    def _count_wrong_token(self, key: object, rank: int, who: str) -> None:
+        with self._lock:
+            self.failed_auth += 1
+            self._failures[key] = self._failures.get(key, 0) + 1
+            self.wrong_tokens = (self.wrong_tokens + [(rank, who)])[-MAX_WRONG_TOKENS_KEPT:]
+
     def _backoff(self, key: object) -> float:
         with self._lock:
             k = self._failures.get(key, 0)
@@ -133,19 +139,15 @@ class Acceptor:
             wait = self._backoff(key)
             if wait and self._stop.wait(wait):
                 raise EOFError("closing")
-            driver_side(conn, self.token, nonce)
+            driver_side(conn, self.token, nonce, refused=lambda: self._count_wrong_token(key, rank, who))
             hello = pickle.loads(conn.recv_bytes(MAX_HELLO_BYTES))  # authenticated peer, bounded size
             if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "hello"
                     and isinstance(hello[1], dict)):
                 raise ValueError(f"expected a hello, got {type(hello).__name__}")
-        except Exception as e:  # noqa: BLE001 - bad token, garbage, silence, EOF: drop this peer only
+        except Exception:  # noqa: BLE001 - bad token, garbage, silence, EOF: drop this peer only
             conn.close()
             with self._lock:
                 self.rejected += 1
-                if isinstance(e, WrongTokenError):
-                    self.failed_auth += 1
-                    self._failures[key] = self._failures.get(key, 0) + 1
-                    self.wrong_tokens = (self.wrong_tokens + [(rank, who)])[-MAX_WRONG_TOKENS_KEPT:]
             return
         finally:
             watchdog.cancel()

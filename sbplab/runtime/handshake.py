@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import os
 import struct
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 MAGIC = b"sbplab-join-1"
@@ -54,12 +55,15 @@ def read_join(conn: Connection) -> tuple[int, bytes]:
     return rank, msg[len(MAGIC) + 8:]
 
 
-def driver_side(conn: Connection, token: bytes, nonce_w: bytes) -> None:
-    """Challenge a joined peer; raise WrongTokenError (after telling it) if its answer is wrong."""
+def driver_side(conn: Connection, token: bytes, nonce_w: bytes, refused: Callable[[], None] | None = None) -> None:
+    """Challenge a joined peer; raise WrongTokenError (after telling it) if its answer is wrong.
+    ``refused()`` runs before the peer is told, so whoever counts refusals has counted this one by then."""
     nonce_d = os.urandom(NONCE_BYTES)
     conn.send_bytes(CHALLENGE + nonce_d)
     answer = conn.recv_bytes(_MAX_MSG)
     if not hmac.compare_digest(answer, _mac(token, b"worker", nonce_w, nonce_d)):
+        if refused is not None:
+            refused()
         try:
             conn.send_bytes(REFUSED)
         except OSError:

@@ -35,14 +35,18 @@ class PresetChoice:
 
 
 def applicable_presets(devices: int, batch: int, pipelines: bool = True) -> list[PresetSpec]:
+    """The presets the search prices beside its own strategies. Tensor parallel keeps the vocabulary whole
+    (``vocab=False``): the search prices the graph it captured, with torch's own cross entropy, and a
+    preset that wins compiles (``sl.compile``) to that same graph, so it simulates as predicted."""
     out = [PresetSpec(f"data parallel x{devices}", lambda: presets.data_parallel(devices), 0)]
     if devices > 1:
-        out += [PresetSpec(f"Megatron tensor parallel x{devices}", lambda: presets.tensor_parallel(devices), 0),
+        out += [PresetSpec(f"Megatron tensor parallel x{devices}",
+                           lambda: presets.tensor_parallel(devices, vocab=False), 0),
                 PresetSpec(f"ZeRO-2 x{devices}", lambda: presets.zero(devices, shard_params=False), 2),
                 PresetSpec(f"ZeRO-3 x{devices}", lambda: presets.zero(devices, shard_params=True), 3)]
     for a in range(2, devices):
         if devices % a == 0 and devices // a > 1:
-            out.append(PresetSpec(f"DP x TP {a}x{devices // a}", lambda a=a: presets.dp_tp((a, devices // a)), 0))
+            out.append(PresetSpec(f"DP x TP {a}x{devices // a}", lambda a=a: presets.dp_tp((a, devices // a), vocab=False), 0))
     if pipelines:
         for s in (2, 4):
             m = 2 * s

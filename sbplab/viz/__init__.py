@@ -8,6 +8,7 @@ graphs and layout pictures sit in a box that pans and zooms and never draws text
 
 from __future__ import annotations
 
+from ..runtime.schedule_trace import actions_run
 from .charts import comm_chart, comm_rows, comm_table, memory_chart
 from .dot import DotPicture, dot_available
 from .graph_dot import logical_dot, logical_picture
@@ -19,7 +20,7 @@ from .timeline import compare_timelines, makespan_us, timeline, timeline_bars
 from .zoom_box import zoom_box
 
 __all__ = [
-    "DeviceBlock", "DotPicture", "LayoutPicture", "comm_chart", "comm_rows", "comm_table",
+    "DeviceBlock", "DotPicture", "actions_run", "LayoutPicture", "comm_chart", "comm_rows", "comm_table",
     "compare_timelines", "dot_available", "dtype_short", "layout_picture", "logical_dot", "logical_picture",
     "makespan_us", "memory_chart", "physical_dot", "physical_picture", "register_picture", "ring_picture",
     "ring_run", "ring_steps", "run_ahead", "timeline", "timeline_bars",
