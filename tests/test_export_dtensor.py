@@ -250,25 +250,32 @@ def _train_corpus(rank: int, world: int, port: int, exp: DTensorExport, name: st
 @pytest.mark.multiprocess
 def test_exported_gpt2_with_tied_weights_trains_like_torch_on_gloo_ranks():
     pytest.importorskip("transformers")
-    from sbplab.runtime.cluster import free_port
 
     b, step, exp = _corpus_export("gpt2", "tp")
     assert exp.mode == "distribute" and "lm_head.weight" not in exp.placements  # one name per tied weight
     ref, _ = b.train_torch(STEPS, lambda ps: torch.optim.SGD(ps, lr=LR))
+    got = _on_two_ranks(_train_corpus, exp, "gpt2")
+    for rank, (tied, losses) in got.items():
+        assert tied, "the LM head no longer shares the embedding's DTensor"
+        assert max(abs(a - r) for a, r in zip(losses, ref)) < 1e-5, (rank, losses, ref)
+    assert ref[-1] < ref[0]
+
+
+def _on_two_ranks(target, exp: DTensorExport, name: str) -> dict:
+    """``target(rank, 2, port, exp, name, queue)`` on two spawned Gloo ranks: what each put on the queue."""
+    from sbplab.runtime.cluster import free_port
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_train_corpus, args=(r, 2, port, exp, "gpt2", queue)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, 2, port, exp, name, queue)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict(queue.get(timeout=300) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    for rank, (tied, losses) in got.items():
-        assert tied, "the LM head no longer shares the embedding's DTensor"
-        assert max(abs(a - r) for a, r in zip(losses, ref)) < 1e-5, (rank, losses, ref)
-    assert ref[-1] < ref[0]
+    return got
 
 
 def _train_cell(rank: int, world: int, port: int, exp: DTensorExport, name: str, queue) -> None:
@@ -319,23 +326,13 @@ def test_exported_corpus_cell_trains_like_torch(name, strategy):
     included (data parallel: BatchNorm over the whole batch, equal to torch)."""
     if name != "lstm":
         pytest.importorskip("transformers")
-    from sbplab.runtime.cluster import free_port
 
     b, step, exp = _corpus_export(name, strategy)
     assert exp.mode == "distribute"
     kinds = {"llama": (1, 0), "lstm": (0, 1), "mixtral": (0, 2)}[name]
     assert (len(exp.module_outputs), len(exp.module_maps)) == kinds, exp.summary()
     ref, trained = b.train_torch(STEPS, lambda ps: torch.optim.SGD(ps, lr=LR))
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_train_cell, args=(r, 2, port, exp, name, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = _on_two_ranks(_train_cell, exp, name)
     for rank, (losses, _) in got.items():
         assert max(abs(a - r) for a, r in zip(losses, ref)) < 1e-5, (rank, losses, ref)
     params = got[0][1]
