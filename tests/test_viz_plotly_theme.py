@@ -1,6 +1,6 @@
 """A timeline figure follows the notebook's theme: transparent backgrounds, shown as plotly's own mime
 bundle after a tiny HTML output whose stylesheet (scoped to the output after its marker) paints text and
-grid with the page's variables; the RunPanel's FigureWidget carries the same rules scoped to its class.
+grid with the page's variables; the RunPanel puts the same two outputs into an ipywidgets Output widget.
 The browser test checks the result in JupyterLab's light and dark themes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 
 import plotly.graph_objects as go
 
-from sbplab.viz.plotly_theme import CSS, MARK, NEXT_OUTPUT, PAGE_CSS, THEMED, TRANSPARENT, show, themed_widget
+from sbplab.viz.plotly_theme import MARK, MARKED, NEXT_OUTPUT, PAGE_CSS, STYLE_HTML, TRANSPARENT, outputs, show
 from sbplab.viz.timeline import compare_timelines, timeline
 
 EVENTS = [{"ph": "X", "name": "f", "pid": 0, "tid": 0, "ts": 0, "dur": 10, "args": {}},
@@ -23,13 +23,14 @@ def test_timeline_figures_are_transparent_plotly_figures():
     assert len(timeline(EVENTS).data) == len(go.Figure(timeline(EVENTS)).data)
 
 
-def test_the_widget_brings_a_scoped_stylesheet_in_the_pages_colours():
-    w = themed_widget(timeline(EVENTS))
-    assert isinstance(w, go.FigureWidget) and THEMED in w._dom_classes and w._css == CSS
-    rules = re.findall(r"([^{}]+)\{([^}]*)\}", CSS)
-    assert rules and all(sel.strip().startswith(f".{THEMED} ") for sel, _ in rules)  # nothing outside it
-    assert "var(--jp-content-font-color1" in CSS and ".bartext" in CSS  # bar labels keep plotly's contrast
-    assert len(w.data) == 2 and w.layout.title.text.startswith("timeline")
+def test_outputs_are_the_two_bundles_show_displays():
+    fig = timeline(EVENTS)
+    marker, figure = outputs(fig)
+    assert marker == {"output_type": "display_data", "data": {"text/html": STYLE_HTML, "text/plain": ""},
+                      "metadata": {}}
+    assert figure["output_type"] == "display_data"
+    assert figure["data"]["application/vnd.plotly.v1+json"]["data"] == fig.to_dict()["data"]
+    assert "var(--jp-content-font-color1" in PAGE_CSS and ".bartext" in PAGE_CSS  # bar labels keep plotly's contrast
 
 
 def test_show_displays_plotlys_bundle_after_a_small_stylesheet_scoped_to_it(capsys):
@@ -41,7 +42,9 @@ def test_show_displays_plotlys_bundle_after_a_small_stylesheet_scoped_to_it(caps
     assert "application/vnd.jupyter.widget-view+json" not in out  # no widget: nothing saved but the figure
     assert len(out[:figure]) < 3000 < len(out[figure:])  # the stylesheet is small beside the figure's JSON
     rules = re.findall(r"([^{}]+)\{([^}]*)\}", PAGE_CSS)
-    assert rules[0] == (f".jp-OutputArea-child:has(.{MARK}) ", "display: none")  # the marker takes no room
+    assert rules[0] == (f"{MARKED} ", "display: none")  # the marker's own output takes no room
+    # only the marker's own output: not an output holding a widget (the RunPanel) that holds the marker
+    assert MARKED == f".jp-OutputArea-child:has(> .jp-OutputArea-output > .{MARK})"
     for sel, _ in rules[1:]:
         assert all(part.strip().startswith(NEXT_OUTPUT + " ") for part in re.split(r",(?![^()]*\))", sel))  # nothing else
-    assert [body for _, body in rules[1:]] == [body for _, body in re.findall(r"([^{}]+)\{([^}]*)\}", CSS)]
+    assert "var(--jp-content-font-color1" in rules[1][1]

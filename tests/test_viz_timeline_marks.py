@@ -77,6 +77,14 @@ def test_step_markers_at_each_steps_first_forward_kernel():
     marks = sorted((float(s.x0), a.text) for s, a in zip([s for s in fig.layout.shapes if s.line.dash == "dash"],
                                                          fig.layout.annotations))
     assert marks == [(0.0, "step 0"), (0.1, "step 1")]
+    # the labels sit in a band above the top lane (the y axis runs downwards): over no bar, and in
+    # the plot, not in the margin a subplot's title uses
+    lo, hi = fig.layout.yaxis.range
+    bar_tops = [y - w / 2 for tr in traces(fig, "firings") for y, w in zip(tr.y, tr.width)]
+    for a in fig.layout.annotations:
+        assert a.yref in (None, "y") and hi <= a.y < 0 <= min(bar_tops), (a.y, hi, min(bar_tops))
+        assert a.y - 0.2 > hi and a.y + 0.2 < min(bar_tops)  # a 10 px label (< 0.4 lane) fits around y
+    assert lo > max(y + w / 2 for tr in traces(fig, "firings") for y, w in zip(tr.y, tr.width))
 
 
 def test_critical_path_of_a_prediction_is_outlined():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -15,8 +16,10 @@ from sbplab.compiler.reference import torch_steps  # noqa: E402
 from sbplab.hardware import Hardware  # noqa: E402
 from sbplab.sim import simulate  # noqa: E402
 from sbplab.viz import timeline, timeline_bars  # noqa: E402
+from sbplab.viz.plotly_theme import outputs  # noqa: E402
 from sbplab.widgets import ModelBuilder, RunPanel, StrategyEditor  # noqa: E402
 from sbplab.widgets._assets import asset_path  # noqa: E402
+from sbplab.widgets.prediction_view import measured_state  # noqa: E402
 from sbplab.widgets.run_check import NumericCheck, check_against_torch  # noqa: E402
 
 MLP_SIZES = dict(in_dim=8, width=8, hidden=16, n_blocks=1, n_classes=4)
@@ -204,6 +207,12 @@ def test_workers_run_then_timeline_and_check(editor):
         assert p.measured["predicted_ms"] == pytest.approx(p.predicted["step_ms"])
         assert p.measured["error"] == pytest.approx(p.prediction.step_time / steps[1] - 1)
         assert p.compare_text.startswith("step time: predicted")
+        assert p.measured["comparable"] and p.measured["ran_on"] == "CPU workers"  # cpu_box models CPU ranks
+        # a prediction for another machine (an H100 node) beside this CPU run: said so, no error figure
+        h100 = simulate(editor.compiled, Hardware.h100_node())
+        other, table = measured_state(h100, p.result, p.cluster.device_type)
+        assert not other["comparable"] and other["error"] is None and table == ""
+        assert "h100_node models a GPU per rank" in other["why"] and other["step_ms"] == p.measured["step_ms"]
 
         def firings(trace):  # the prediction simulates 3 steps: the run's 2 have the same firings
             return Counter((e.rank, e.actor, e.lane, e.step, e.micro) for e in trace.events if e.step < 2)
@@ -211,9 +220,11 @@ def test_workers_run_then_timeline_and_check(editor):
         assert firings(p.prediction.trace) == firings(p.result.trace)
         bars = timeline_bars(p.result.trace)
         assert {b.rank for b in bars} == {0, 1} and "starting workers" in p.stage_ms
-        # the page draws sl.timeline's own figure of the run (one renderer), every firing in it
-        fw = p.timeline_widget
-        assert p.timeline_ref == f"anywidget:{fw.model_id}"
+        # the page draws sl.timeline's own outputs of the run (one renderer) in an Output widget: the theme's
+        # stylesheet, then plotly's bundle of the figure, every firing in it
+        fw, out = p.timeline_fig, p.timeline_output
+        assert p.timeline_ref == out.model_id and tuple(out.outputs) == outputs(fw)
+        assert len(json.dumps(out.get_state())) < 1_000_000  # the figure's JSON, no plotly.js
         firings = [tr for tr in fw.data if tr.meta == "firings"]
         assert p.firings == len(bars) == sum(len(tr.x) for tr in firings) > 0
         want = timeline(p.result, compiled=editor.compiled)
@@ -228,11 +239,11 @@ def test_workers_run_then_timeline_and_check(editor):
         p.run()
         assert p.passed and not p.stale and p.cluster.pids == pids and "starting workers" not in p.stage_ms
         assert p.measured["predicted_ms"] == pytest.approx(editor.predicted["step_ms"])  # tp's, not dp's
-        assert p.timeline_figure().data and p.timeline_widget is not fw  # tp's run, a figure of its own
-        assert fw.comm is None  # the older figure is closed, not left in the kernel
+        assert p.timeline_figure().data and p.timeline_fig is not fw  # tp's run, a figure of its own
+        assert p.timeline_output is out and tuple(out.outputs) == outputs(p.timeline_fig)  # shown in its place
     finally:
         p.close()
-    assert p.cluster is None and p.timeline_widget is None
+    assert p.cluster is None and p.timeline_output is None and out.comm is None
 
 
 def test_a_step_too_big_for_the_editor_is_predicted_when_it_runs(editor):

@@ -88,10 +88,14 @@ function render({ model, el, host }) {
     }
     const m = model.get("measured") || {};
     measured.hidden = m.step_ms === undefined;
+    measured.classList.toggle("elsewhere", m.comparable === false);
     if (m.step_ms !== undefined) {
-      measured.textContent = `measured ${fmtMs(m.step_ms)} per step (median of the steps after the first; `
-        + `each: ${m.steps_ms.map(fmtMs).join(", ")}); predicted ${fmtMs(m.predicted_ms)} on ${m.hardware}`
-        + (m.error == null ? "" : `, error ${pct(m.error)}`);
+      const ran = `measured ${fmtMs(m.step_ms)} per step on ${m.ran_on || "the workers"} (median of the steps `
+        + `after the first; each: ${m.steps_ms.map(fmtMs).join(", ")})`;
+      measured.textContent = m.comparable === false  // another machine's prediction: no error figure
+        ? `${ran}; the prediction (${fmtMs(m.predicted_ms)}) is for ${m.hardware}: not comparable (${m.why}). `
+          + "Predict on this machine's Hardware (cpu_box, or cluster.calibrate()) to compare."
+        : `${ran}; predicted ${fmtMs(m.predicted_ms)} on ${m.hardware}` + (m.error == null ? "" : `, error ${pct(m.error)}`);
     }
     compareText.textContent = model.get("compare_text");
     compareBox.hidden = !model.get("compare_text");
@@ -143,32 +147,38 @@ function render({ model, el, host }) {
     drawPrediction();
   }
 
-  // the run's timeline: the plotly figure sl.timeline gives a notebook, drawn here through anywidget's host
+  // the run's timeline: an ipywidgets Output holding what sl.timeline shows a notebook (the theme's
+  // stylesheet, then plotly's own output), drawn here as JupyterLab draws any widget view
   let shownRef = "";
-  let child = null;
+  let child = null;  // the Output's view shown now
   async function showTimeline(ref) {
     shownRef = ref;
-    child?.abort();
-    child = new AbortController();
+    child?.remove();
+    child = null;
     timeline.replaceChildren();
     if (!ref) return;
-    if (!host?.getWidget) {
-      timeline.append(h("div", { class: "sbplab-note", text: "this anywidget cannot draw one widget inside another: "
-        + "display(panel.timeline_widget) in a cell to see the timeline" }));
+    const manager = model.widget_manager;
+    if (!manager?.create_view) {
+      timeline.append(h("div", { class: "sbplab-note", text: "this front end cannot draw one widget inside another: "
+        + "display(panel.timeline_output) in a cell to see the timeline" }));
       return;
     }
-    const slot = h("div", { class: "rp-figure sbplab-plotly" });  // the figure's own theme stylesheet applies here
-    timeline.append(slot);
     try {
-      const widget = await host.getWidget(ref);
-      await widget.render({ el: slot, signal: child.signal });
+      const view = await manager.create_view(await manager.get_model(ref));
+      if (shownRef !== ref) { view.remove(); return; }  // a newer run's timeline came meanwhile
+      child = view;
+      timeline.append(view.el);
+      // a Lumino widget (JupyterLab's output area) lays out and draws its outputs once told it is attached
+      const lumino = view.luminoWidget || view.pWidget;
+      lumino?.processMessage?.({ type: "after-attach", isConflatable: false });
+      lumino?.processMessage?.({ type: "after-show", isConflatable: false });
     } catch (e) {
       timeline.replaceChildren(h("div", { class: "sbplab-error", text: `the timeline could not be shown: ${e}` }));
     }
   }
 
   const stop = redrawOn(model, DERIVED, draw);
-  return () => { stop(); child?.abort(); };
+  return () => { stop(); child?.remove(); };
 }
 
 export default { initialize, render };

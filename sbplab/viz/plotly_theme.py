@@ -18,8 +18,11 @@ the output right after the marker (``.jp-OutputArea-child:has(marker) + .jp-Outp
 other figure on the page changes, and the marker's own output takes no room. A front end without
 JupyterLab's output classes (VS Code, nbviewer) shows plotly's figure as plotly draws it.
 
-The RunPanel draws its live timeline inside its own view through anywidget's host, which needs a widget:
-``themed_widget`` (the FigureWidget with the same rules scoped to its class ``THEMED``) is kept there.
+The RunPanel draws its live timeline with the same two outputs (``outputs``), put into an ipywidgets
+``Output`` widget that its view holds: one renderer for both, and the saved notebook keeps the figure's
+JSON (tens of kB), not plotly.js. The marker's output is matched only as its own output area's child
+(``:has(> .jp-OutputArea-output > marker)``), so the notebook output holding the whole panel, which
+holds the marker further down, is never hidden.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-THEMED = "sbplab-plotly"  # the class of a themed figure's element: the stylesheet applies under it
 MARK = "sbplab-plotly-theme"  # the marker of the HTML output placed just before a themed plotly output
-NEXT_OUTPUT = f".jp-OutputArea-child:has(.{MARK}) + .jp-OutputArea-child"  # the plotly output after it
+# the output that holds the marker itself (not an output that holds a widget holding it), and the next one
+MARKED = f".jp-OutputArea-child:has(> .jp-OutputArea-output > .{MARK})"
+NEXT_OUTPUT = f"{MARKED} + .jp-OutputArea-child"  # the plotly output after it
 TRANSPARENT = "rgba(0,0,0,0)"
 INK = "var(--jp-content-font-color1, var(--vscode-editor-foreground, #222))"
 GRID = "var(--jp-border-color2, rgba(128,128,128,0.3))"
@@ -45,22 +49,9 @@ def rules(scope: str) -> str:
             f"{scope} .modebar-btn path {{fill: {INK} !important; opacity: 0.6}}")
 
 
-CSS = rules(f".{THEMED}")  # the widget's stylesheet (the RunPanel's timeline)
 # the page's stylesheet for the plotly output after the marker; the marker's own output is hidden
-PAGE_CSS = f".jp-OutputArea-child:has(.{MARK}) {{display: none}}" + rules(NEXT_OUTPUT)
+PAGE_CSS = f"{MARKED} {{display: none}}" + rules(NEXT_OUTPUT)
 STYLE_HTML = f'<div class="{MARK}" hidden></div><style>{PAGE_CSS}</style>'
-
-
-@cache
-def _widget_class() -> type:
-    import plotly.graph_objects as go
-
-    class ThemedFigure(go.FigureWidget):
-        """plotly's FigureWidget with the stylesheet that draws it on the page's theme."""
-
-        _css = CSS
-
-    return ThemedFigure
 
 
 @cache
@@ -87,19 +78,23 @@ def _in_kernel() -> bool:
     return hasattr(get_ipython(), "kernel")
 
 
-def themed_widget(fig: Any) -> Any:
-    """A FigureWidget of ``fig`` that follows the notebook's light or dark theme (5 MB of saved widget
-    state: for a figure drawn inside another widget only)."""
-    w = _widget_class()(fig)
-    w.add_class(THEMED)
-    return w
+def bundles(fig: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two mime bundles that draw ``fig`` on the page's theme: the marker with the stylesheet, then
+    plotly's own (the figure's JSON, drawn by the jupyterlab-plotly renderer)."""
+    import plotly.io as pio
+
+    return {"text/html": STYLE_HTML, "text/plain": ""}, pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+
+
+def outputs(fig: Any) -> tuple[dict[str, Any], ...]:
+    """``bundles(fig)`` as notebook outputs, for an ipywidgets ``Output`` widget's ``outputs``."""
+    return tuple({"output_type": "display_data", "data": b, "metadata": {}} for b in bundles(fig))
 
 
 def show(fig: Any) -> None:
     """Display ``fig`` on the page's theme: the marker and stylesheet (a tiny HTML output), then plotly's
     own mime bundle, which the rules reach and nothing else does."""
-    import plotly.io as pio
     from IPython.display import display
 
-    display({"text/html": STYLE_HTML, "text/plain": ""}, raw=True)
-    display(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()), raw=True)
+    for bundle in bundles(fig):
+        display(bundle, raw=True)

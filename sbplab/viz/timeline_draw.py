@@ -145,7 +145,7 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
     for y in lanes.rank_tops:
         fig.add_hline(y=y, line=dict(color="rgba(120,120,120,0.5)", width=1),
                       **({"row": marks.where[0], "col": marks.where[1]} if marks.where else {}))
-    add_step_markers(fig, bars, t0, marks)
+    add_step_markers(fig, bars, t0, marks, lanes)
     return lanes
 
 
@@ -216,13 +216,18 @@ def _add_critical(fig: Any, path: Sequence[Bar], t0: float, lanes: Lanes, marks:
         marker=dict(color="rgba(0,0,0,0)", line=dict(color="#000000", width=2))))
 
 
-def add_step_markers(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks) -> None:
-    """A dashed line where each drawn step's work starts, labelled ``step n`` (Perfetto's step slices)."""
+def add_step_markers(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lanes: Lanes) -> None:
+    """A dashed line where each drawn step's work starts, labelled ``step n`` (Perfetto's step slices).
+
+    The labels sit in the band ``lanes`` keeps above the top lane, right of their line: drawn over the
+    lanes they hid rank 0's first bars; in the top margin they would meet a subplot's title.
+    """
     where = {"row": marks.where[0], "col": marks.where[1]} if marks.where else {}
     for k, (step, at) in enumerate(step_starts(bars).items()):
-        fig.add_vline(x=(at - t0) / 1e3, line=dict(color="rgba(100,100,100,0.6)", width=1, dash="dash"),
-                      annotation=dict(text=f"step {step}", font=dict(size=10), yshift=12 * (k % 2)),
-                      annotation_position="top right", **where)  # labels of close steps alternate heights
+        x = (at - t0) / 1e3
+        fig.add_vline(x=x, line=dict(color="rgba(100,100,100,0.6)", width=1, dash="dash"), **where)
+        fig.add_annotation(x=x, y=lanes.label_y(k), text=f"step {step}", font=dict(size=10), showarrow=False,
+                           xanchor="left", xshift=2, yanchor="middle", **where)  # close steps alternate heights
 
 
 def add_counters(fig: Any, counters: Sequence[Any], t0: float, marks: Marks, color: Callable[[Any], str]) -> None:

@@ -16,6 +16,7 @@ from .timeline_bars import KINDS, Bar
 
 BAND = 0.76  # share of a lane's height its bars fill
 MAX_LANE = 4.0  # the tallest a communication lane grows, in compute-lane heights
+STEP_HEAD = 1.1  # the band above the top lane that holds the step labels, in compute-lane heights
 
 
 class Series:
@@ -51,6 +52,7 @@ class Lanes:
     top: dict[str, float]
     height: dict[str, float]
     rank_tops: list[float]  # where a new rank starts (separator lines)
+    head: float = 0.0  # a band above the top lane (y < 0) for the step labels: they cover no bar
 
     @classmethod
     def of(cls, bars: Sequence[Bar]) -> Lanes:
@@ -69,11 +71,17 @@ class Lanes:
             last = rank
             top[row], height[row] = y, min(MAX_LANE, max(1.0, 0.45 * levels[row]))
             y += height[row]
-        return cls(rows, top, height, rank_tops)
+        head = STEP_HEAD if any(b.step is not None for b in bars) else 0.0
+        return cls(rows, top, height, rank_tops, head)
 
     @property
     def total(self) -> float:
-        return sum(self.height.values())
+        """The y extent: every lane and the step labels' band."""
+        return sum(self.height.values()) + self.head
+
+    def label_y(self, k: int) -> float:
+        """Where the ``k``th step label sits in the band above the lanes (close steps alternate heights)."""
+        return -self.head * (0.27 if k % 2 == 0 else 0.73)
 
     def y(self, b: Bar) -> tuple[float, float]:
         """(centre, thickness) of a bar: overlapping firings of a lane share its band side by side."""
@@ -83,4 +91,4 @@ class Lanes:
 
     def axis(self) -> dict[str, Any]:
         return dict(tickvals=[self.top[r] + self.height[r] / 2 for r in self.rows], ticktext=self.rows,
-                    range=[self.total, 0], showgrid=False, zeroline=False, type="linear")
+                    range=[self.total - self.head, -self.head], showgrid=False, zeroline=False, type="linear")

@@ -56,12 +56,31 @@ def prediction_state(pred: Prediction) -> dict[str, Any]:
             "measured_fraction": pred.measured_fraction, "ranks": ranks}
 
 
-def measured_state(pred: Prediction, result: Any) -> tuple[dict[str, Any], str]:
+def machine_mismatch(hw: Hardware, device_type: str) -> str:
+    """Why a prediction on ``hw`` says nothing about a run on ``device_type`` workers ("" when it may).
+
+    A Hardware with ``cores`` models CPU ranks sharing one machine's cores (``cpu_box``, a CPU
+    calibration); one without models a device per rank (the GPU presets). An H100 node's prediction
+    against CPU processes would print an "error" of -100%: a difference of machines, not of the model.
+    """
+    cpu_model = hw.cores is not None
+    if (device_type == "cpu") == cpu_model:
+        return ""
+    return (f"{hw.name} models {'CPU processes' if cpu_model else 'a GPU per rank'}, the run used "
+            f"{device_type.upper()} workers")
+
+
+def measured_state(pred: Prediction, result: Any, device_type: str = "cpu") -> tuple[dict[str, Any], str]:
     """A run's measured step time against the prediction (``pred.compare(result)``): the numbers for
-    the page, and the comparison's text table (per rank and lane, per kind of actor)."""
+    the page, and the comparison's text table (per rank and lane, per kind of actor). A prediction for
+    another kind of machine than the run's (``machine_mismatch``) is shown beside it as such, with no
+    error figure and no table: ``comparable`` is False and ``why`` says what differs."""
     cmp = pred.compare(result)
     st = cmp.data["step_time"]
     err = st["error"]
-    return ({"step_ms": st["measured"] * 1e3, "steps_ms": [s * 1e3 for s in cmp.data["measured_steps"]],
-             "predicted_ms": st["predicted"] * 1e3, "error": None if err != err else err,
-             "hardware": pred.hardware.name}, cmp.table())
+    why = machine_mismatch(pred.hardware, device_type)
+    state = {"step_ms": st["measured"] * 1e3, "steps_ms": [s * 1e3 for s in cmp.data["measured_steps"]],
+             "predicted_ms": st["predicted"] * 1e3, "error": None if err != err or why else err,
+             "hardware": pred.hardware.name, "ran_on": f"{device_type.upper()} workers", "comparable": not why,
+             "why": why}
+    return state, "" if why else cmp.table()

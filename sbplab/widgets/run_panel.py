@@ -24,7 +24,7 @@ import traitlets as t
 from ..compiler.api import Compiled
 from ..hardware import Hardware
 from ..sim import Prediction
-from ..viz.plotly_theme import themed_widget
+from ..viz.plotly_theme import outputs
 from ..viz.timeline import makespan_us, timeline, timeline_bars
 from . import static_view as static
 from ._assets import widget_module, widget_style
@@ -70,7 +70,7 @@ class RunPanel(SbplabWidget):
     param_diff = t.Float(0.0).tag(sync=True)
     worst_param = t.Unicode("").tag(sync=True)
     passed = t.Bool(False).tag(sync=True)
-    timeline_ref = t.Unicode("").tag(sync=True)  # "anywidget:<model id>" of the timeline figure the page draws
+    timeline_ref = t.Unicode("").tag(sync=True)  # the model id of the Output widget the page draws the timeline in
     makespan_us = t.Float(0.0).tag(sync=True)
     firings = t.Int(0).tag(sync=True)
     wall_s = t.Float(0.0).tag(sync=True)
@@ -97,7 +97,8 @@ class RunPanel(SbplabWidget):
         self.cluster = cluster  # a LocalCluster of at least the plan's ranks, or None: made on the first run
         self._own_cluster = cluster is None
         self.result: Any = None  # RunResult (workers) or None
-        self.timeline_widget: Any = None  # the plotly FigureWidget of the last workers run's timeline
+        self.timeline_output: Any = None  # the ipywidgets Output that shows the last workers run's timeline
+        self.timeline_fig: Any = None  # that timeline's plotly Figure
         self._ran_compiled: Compiled | None = None
         self.check: NumericCheck | None = None
         self._ran_version = -1
@@ -266,7 +267,7 @@ class RunPanel(SbplabWidget):
             self._show_timeline(c)
             self.note = ""
             if self.prediction is not None:
-                self.measured, self.compare_text = measured_state(self.prediction, self.result)
+                self.measured, self.compare_text = measured_state(self.prediction, self.result, self.cluster.device_type)
         else:
             self.note = "the in-process executor keeps no trace: run on workers to see the timeline"
         self._ran_version, self.stale, self.ran_for = version, False, f"{c.strategy.name} on {n} rank(s)"
@@ -286,14 +287,18 @@ class RunPanel(SbplabWidget):
         return self.cluster
 
     def _show_timeline(self, c: Compiled) -> None:
-        """The run's timeline, drawn in the page as the very figure ``sl.timeline`` gives a notebook (a
-        plotly FigureWidget shown inside the panel): one renderer, with its legend, zoom, hover, links,
-        step markers and memory track, on the page's light or dark theme."""
-        fig = self.timeline_figure(c)
-        old, self.timeline_widget = self.timeline_widget, themed_widget(fig)
-        self.timeline_ref = f"anywidget:{self.timeline_widget.model_id}"
-        if old is not None:
-            old.close()
+        """The run's timeline, drawn in the page as ``sl.timeline`` draws it in a notebook (plotly's own
+        output after the theme's stylesheet, ``plotly_theme.outputs``), inside an ipywidgets Output that
+        the panel's view holds: one renderer, with its legend, zoom, hover, links, step markers and
+        memory track, on the page's light or dark theme. A plotly FigureWidget would save plotly.js
+        (5 MB) into the notebook; the Output saves the figure's JSON."""
+        import ipywidgets
+
+        self.timeline_fig = self.timeline_figure(c)
+        if self.timeline_output is None:
+            self.timeline_output = ipywidgets.Output()
+        self.timeline_output.outputs = outputs(self.timeline_fig)
+        self.timeline_ref = self.timeline_output.model_id
 
     def static_html(self) -> str:
         """The strategy and its prediction, then what the last run measured and how it compared to torch."""
@@ -318,9 +323,9 @@ class RunPanel(SbplabWidget):
 
     def close(self) -> None:
         """Stop the worker processes this panel started, stop following the editor, and close the widget."""
-        if self.timeline_widget is not None:
-            self.timeline_widget.close()
-            self.timeline_widget = None
+        if self.timeline_output is not None:
+            self.timeline_output.close()
+            self.timeline_output = None
         if self.cluster is not None and self._own_cluster:
             self.cluster.close()
             self.cluster = None
