@@ -9,7 +9,16 @@ import re
 
 import plotly.graph_objects as go
 
-from sbplab.viz.plotly_theme import MARK, MARKED, NEXT_OUTPUT, PAGE_CSS, STYLE_HTML, TRANSPARENT, outputs, show
+from sbplab.viz.plotly_theme import (
+    MARK,
+    MARKED,
+    NEXT_OUTPUT,
+    PAGE_CSS,
+    STYLE_HTML,
+    TRANSPARENT,
+    outputs,
+    show,
+)
 from sbplab.viz.timeline import compare_timelines, timeline
 
 EVENTS = [{"ph": "X", "name": "f", "pid": 0, "tid": 0, "ts": 0, "dur": 10, "args": {}},
