@@ -12,10 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import sbplab as sl
 from sbplab.compiler import GraphBuilder, Strategy, deduce
 from sbplab.compiler.frontend.aten_capture import capture_aten
+from sbplab.eager import OpRecord
 from sbplab.sbp import B, P, S
 
 LINE = sl.Placement("cpu", [0, 1])
@@ -80,3 +82,72 @@ def test_eager_op_is_the_captured_op_with_the_compiled_choice(name, fn, inputs, 
         choice = deduce(g, st, HW).choices["the_op"]
         assert y.record.chosen.signature == choice.signature, (name, one)
         torch.testing.assert_close(y.full(), _torch_value(fn, inputs), atol=1e-5, rtol=1e-5)
+
+
+# --- every other name sl.apply takes: the torch function, traced -----------------------------------------
+MESH = sl.Placement("cpu", [[0, 1], [2, 3]])
+
+
+def _ids(*shape, high=6):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+# (name, attrs, torch function of the inputs, inputs, input SBPs to try on a 2x2 mesh)
+NAMED = [
+    ("linear", {}, lambda x, w, b: F.linear(x, w, b), [_gen(8, 6), _gen(4, 6), _gen(4)],
+     [((S(0), B), (B, S(0)), (B, S(0))), ((S(1), B), (S(1), B), (P, B))]),
+    ("linear", {}, lambda x, w: F.linear(x, w), [_gen(2, 4, 6), _gen(4, 6)],  # 3-D: view, t, mm, view
+     [((S(0), S(1)), (B, S(0))), ((B, S(2)), (S(1), B))]),
+    ("layer_norm", {"normalized_shape": (6,)}, lambda x, w, b: F.layer_norm(x, (6,), w, b),
+     [_gen(8, 6), _gen(6), _gen(6)], [((S(0), B), (B, B), (B, B)), ((S(1), S(0)), (P, B), (P, B))]),
+    ("embedding", {}, F.embedding, [_ids(8, 4), _gen(6, 4)], [((S(0), B), (B, S(1))), ((B, B), (S(0), B))]),
+    ("gather", {"dim": 1}, lambda x, i: torch.gather(x, 1, i), [_gen(8, 6), _ids(8, 3)],
+     [((S(0), B), (S(0), B)), ((P, S(1)), (B, B))]),
+    ("concat", {"dim": 1}, lambda a, b: torch.cat([a, b], 1), [_gen(8, 6), _gen(8, 2)],
+     [((S(0), B), (S(0), B)), ((S(1), P), (B, P))]),
+    ("conv2d", {"padding": 1}, lambda x, w: F.conv2d(x, w, padding=1), [_gen(2, 3, 4, 4), _gen(4, 3, 3, 3)],
+     [((S(0), B), (B, B)), ((S(1), B), (S(1), S(0)))]),
+    ("cross_entropy", {}, F.cross_entropy, [_gen(8, 6), _ids(8)], [((S(0), B), (S(0), B)), ((S(1), B), (B, B))]),
+    ("min", {"dim": 1}, lambda x: torch.amin(x, 1), [_gen(8, 6)], [((S(1), S(0)),), ((sl.P("min"), B),)]),
+    ("scale", {"factor": 0.5}, lambda x: x * 0.5, [_gen(8, 6)], [((P, S(1)),)]),
+    ("add_scalar", {"value": 0.5}, lambda x: x + 0.5, [_gen(8, 6)], [((S(0), S(1)),), ((P, B),)]),
+    ("view", {"shape": (48,)}, lambda x: x.reshape(48), [_gen(8, 6)], [((S(0), B),)]),
+]
+
+
+class _Sum(nn.Module):
+    """The function's output summed, so the capture has a loss; inputs are plain inputs, not parameters."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs).float().sum()
+
+
+@pytest.mark.parametrize("name,attrs,fn,inputs,sbps", NAMED, ids=[f"{c[0]}-{len(c[3][0].shape)}d" for c in NAMED])
+def test_every_named_eager_op_runs_the_captured_ops_with_the_compiled_choices(name, attrs, fn, inputs, sbps):
+    """``sl.apply(name, ...)`` runs the forward ATen ops the capture records for the torch function (same
+    overloads, in order); each of them picks, for the SBPs its inputs arrive in, the signature the compiler
+    deduces for a graph of that op alone; the value equals torch."""
+    g, _ = capture_aten(_Sum(fn), tuple(inputs), {})
+    captured = [op for op in g.ops if op.phase == "forward" and op.type.startswith("aten.")][:-1]  # less the sum
+    assert captured, name
+    for one in sbps:
+        xs = [sl.tensor(t, MESH, s, name=f"x{i}") for i, (t, s) in enumerate(zip(inputs, one))]
+        with sl.explain_log() as log:
+            y = sl.apply(name, xs, **attrs)
+        records = [r for r in log.records if isinstance(r, OpRecord)]
+        assert [r.op.split("[")[-1].rstrip("]") for r in records] == [op.type for op in captured], (name, one)
+        for rec, op in zip(records, captured):
+            gb = GraphBuilder()
+            gx = [gb.input(f"x{i}", tuple(g.tensors[t].meta.shape), g.tensors[t].meta.dtype)
+                  for i, t in enumerate(op.inputs)]
+            out = gb.op(op.type, *gx, name="the_op", **op.attrs)
+            st = Strategy(MESH)
+            for i, s in enumerate(rec.input_sbps):
+                st.hint(f"x{i}", s, why="the SBPs the eager step's inputs arrived in")
+            graph = gb.build(outputs=[out if not isinstance(out, tuple) else out[0]])
+            assert rec.chosen.signature == deduce(graph, st, HW).choices["the_op"].signature, (name, one, op.type)
+        torch.testing.assert_close(y.full(), fn(*inputs), atol=1e-5, rtol=1e-5)

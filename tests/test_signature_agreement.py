@@ -20,6 +20,7 @@ from sbplab.boxing import plan_boxing
 from sbplab.compiler import GraphBuilder, HintError, SignatureError, Strategy, deduce
 from sbplab.compiler import parse_signature as compiler_parse_signature
 from sbplab.eager.aten_eager import renumber, steps_of
+from sbplab.eager.torch_calls import TORCH_CALLS, traced_steps
 from sbplab.ops.choose import BoxingCost, RankedSignature, rank_signatures
 from sbplab.ops.registry import TensorMeta, nd_signatures
 from sbplab.ops.signature_text import parse_signature
@@ -35,7 +36,10 @@ def _compiled(op: str, inputs: list[torch.Tensor], sbps: list[tuple], attrs: dic
     """Deduce a graph holding only ``op``, its inputs stored as ``sbps``; (choice, deduction)."""
     gb = GraphBuilder()
     xs = [gb.input(f"x{i}", tuple(t.shape), t.dtype) for i, t in enumerate(inputs)]
-    steps = steps_of(op, [TensorMeta.of(t) for t in inputs], attrs)  # a tensor method runs as its ATen op
+    metas = [TensorMeta.of(t) for t in inputs]
+    steps = steps_of(op, metas, attrs)  # a tensor method runs as its ATen op
+    if steps is None and op in TORCH_CALLS:  # a torch function: the ATen op torch runs for it
+        steps = list(traced_steps(op, metas, attrs).steps)
     if steps is not None:
         (step,) = steps
         order: list[int] = []

@@ -45,9 +45,14 @@ def _matmul(metas: list[TensorMeta]) -> list[AtenStep]:
     return _one("aten.matmul.default", Slot(0), Slot(1))
 
 
+METHODS = ("matmul", "add", "sub", "mul", "div", "neg", "relu", "tanh", "exp", "gelu", "sum", "mean", "max",
+           "softmax", "log_softmax", "reshape", "view", "transpose", "permute", "slice")
+
+
 def steps_of(name: str, metas: list[TensorMeta], attrs: dict) -> list[AtenStep] | None:
     """The ATen calls of eager op ``name`` on tensors ``metas``; None for a name that is not one of the
-    global tensor's methods (a registry op called through ``sl.apply``)."""
+    global tensor's methods (``METHODS``; the other names ``sl.apply`` takes are traced from torch:
+    ``torch_calls.py``)."""
     x = Slot(0)
     if name == "matmul":
         return _matmul(metas)
@@ -68,7 +73,7 @@ def steps_of(name: str, metas: list[TensorMeta], attrs: dict) -> list[AtenStep] 
         return _one("aten.amax.default", x, [attrs["dim"]], bool(attrs.get("keepdim", False)))
     if name in ("softmax", "log_softmax"):
         return _one(f"aten._{name}.default", x, attrs["dim"], False)
-    if name == "reshape":
+    if name in ("reshape", "view"):
         return _one("aten.view.default", x, tuple(attrs["shape"]))
     if name == "transpose":
         return _one("aten.transpose.int", x, attrs["dim0"], attrs["dim1"])

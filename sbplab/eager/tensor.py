@@ -11,6 +11,7 @@ of rules, not two.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from collections.abc import Mapping, Sequence
 
@@ -20,13 +21,15 @@ from ..boxing import plan_boxing
 from ..errors import InputError, InputKeyError, InputTypeError, OpError
 from ..layout import assemble, shard
 from ..ops._util import norm_dim
-from ..ops.registry import TensorMeta, get_op
+from ..ops.registry import TensorMeta, UnknownOpError, get_op
+from ..ops.signature_text import SignatureError
 from ..placement import Placement
 from ..sbp import B, NdSbp, as_nd_sbp, fmt_sbp
 from ..viz.layout_picture import type_string
-from .aten_eager import check_forced, renumber, steps_of
+from .aten_eager import METHODS, check_forced, renumber, steps_of
 from .dispatch import decide, default_hardware, normalise_out_sbp
 from .records import BoxingRecord, OpRecord, Record, emit
+from .torch_calls import TORCH_CALLS, traced_steps
 
 _names = itertools.count()
 
@@ -232,11 +235,13 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
           **attrs) -> GlobalTensor | tuple[GlobalTensor, ...]:
     """Run an op on global tensors: choose a signature, box the inputs, run each shard.
 
-    A global tensor's methods ("matmul", "add", "sum", "softmax", "reshape", ...) run as the ATen ops
-    torch calls for them (``aten_eager.py``), under the same rules a compiled graph uses; any other
-    name is a registry op (an ATen overload such as ``"aten.mm.default"`` with ``args=``, or an op of
-    sbplab's own library). ``signature`` forces one ("S(0), B -> S(0)" on a 1-D mesh, or an
-    NdSignature); ``sbp`` forces the output SBP (the cheapest signature producing it is used).
+    Every name runs as the ATen ops torch calls for it, under the family rules a compiled graph uses
+    (one home per rule): a global tensor's methods ("matmul", "add", "sum", "softmax", "reshape", ...;
+    ``aten_eager.py``), the torch functions of ``torch_calls.TORCH_CALLS`` ("linear", "layer_norm",
+    "embedding", "conv2d", "cross_entropy", ...: traced from torch), an ATen overload such as
+    ``"aten.mm.default"`` with ``args=``, and sbplab's optimizer updates ("sgd_update", ...).
+    ``signature`` forces one ("S(0), B -> S(0)" on a 1-D mesh, or an NdSignature); ``sbp`` forces the
+    output SBP (the cheapest signature producing it is used).
     """
     anchor = next((x for x in inputs if isinstance(x, GlobalTensor)), None)
     if anchor is None:
@@ -247,25 +252,53 @@ def apply(op_name: str, inputs: Sequence, signature=None, sbp=None, name: str | 
             raise InputError(
                 f"{op_name}: inputs live on different placements: {anchor.name} on {anchor.placement}, "
                 f"{x.name} on {x.placement}; move one with .to_global(placement=...) first")
-    steps = steps_of(op_name, [x.meta for x in xs], attrs)
-    if steps is None:
+    metas = [x.meta for x in xs]
+    steps = steps_of(op_name, metas, attrs)
+    if steps is not None:
+        check_forced(op_name, steps, signature)
+        get_op(op_name).infer(metas, attrs)  # bad shapes or dtypes: the op's own clear error
+        results: tuple[int, ...] = (len(xs) + len(steps) - 1,)  # each method step makes one value
+        named = len(steps) - 1
+    elif op_name in TORCH_CALLS:
+        traced = traced_steps(op_name, metas, attrs)
+        steps, results = list(traced.steps), traced.results
+        named = next(k for k, s in enumerate(steps) if s.main)  # the step making the result
+        if signature is not None and len(steps) > 1:
+            raise SignatureError(op_name, f"{op_name}: a forced signature needs an op torch runs as one ATen op; "
+                                          f"this one runs as {', '.join(s.op for s in steps)}: force the output "
+                                          f"SBP with sbp=... instead")
+    elif isinstance(op_name, str) and (op_name.count(".") == 2 or op_name in OWN_OPS):
         return _run(op_name, op_name, xs, attrs, signature, sbp, name)
-    check_forced(op_name, steps, signature)
-    get_op(op_name).infer([x.meta for x in xs], attrs)  # bad shapes or dtypes: the op's own clear error
+    else:
+        raise unknown_eager_op(op_name)
     vals: list = list(xs)
     for k, st in enumerate(steps):
         order: list[int] = []
         call = {"args": renumber(st.args, order), "kwargs": renumber(st.kwargs, order)}
-        last = k == len(steps) - 1
-        vals.append(_run(st.op, op_name, [vals[i] for i in order], call, signature if st.main else None,
-                         sbp if st.main else None, name if last else None))
-    return vals[-1]
+        out = _run(st.op, op_name, [vals[i] for i in order], call, signature if st.main else None,
+                   sbp if st.main else None, name if k == named else None, anchor.placement)
+        vals.extend(out if isinstance(out, tuple) else (out,))
+    got = tuple(vals[i] for i in results)
+    return got[0] if len(got) == 1 else got
+
+
+OWN_OPS = ("sgd_update", "sgd_momentum_update", "adam_update", "step_count")  # sbplab's optimizer updates
+
+
+def unknown_eager_op(op_name) -> UnknownOpError:
+    """The error for a name ``sl.apply`` does not take, with the closest names it does."""
+    names = [*METHODS, *TORCH_CALLS, *OWN_OPS]
+    close = difflib.get_close_matches(str(op_name), names, n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    return UnknownOpError(f"no eager op named {op_name!r}{hint}; sl.apply takes {', '.join(names)}, or an ATen "
+                          f"overload such as 'aten.mm.default' with args=")
 
 
 def _run(op_name: str, display: str, xs: list[GlobalTensor], attrs: dict, signature, sbp,
-         name: str | None) -> GlobalTensor | tuple[GlobalTensor, ...]:
-    """One registry op on global tensors of one placement; errors and records say ``display``."""
-    placement = xs[0].placement
+         name: str | None, placement: Placement | None = None) -> GlobalTensor | tuple[GlobalTensor, ...]:
+    """One registry op on global tensors of one placement (``placement``: where an op with no tensor
+    input, a factory, makes its output); errors and records say ``display``."""
+    placement = xs[0].placement if xs else placement
     op = get_op(op_name)
     metas = [x.meta for x in xs]
     try:
