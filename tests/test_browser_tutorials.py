@@ -23,6 +23,7 @@ from test_browser_widgets import (  # noqa: F401  (the fixtures are used by name
     FONT_JS,
     PLOTLY_JS,
     SCREENSHOT_DIR,
+    SVG_CONTRAST_JS,
     TOKEN,
     jupyter_lab,
     lab_page,
@@ -110,12 +111,16 @@ def tutorials(jupyter_lab):  # noqa: F811
 def _measure(page, theme: str, tag: str) -> None:
     """Every widget and picture output: text >= 9 px, contrast >= 4.5:1, within its column, in ``theme``."""
     set_theme(page, theme)
-    checked, weak, small, sized = 0, [], [], 0
+    checked, weak, small, sized, svg_texts = 0, [], [], 0, 0
     outputs = page.locator(PICTURE_OUTPUTS).all()
     assert outputs, "no widget or picture output on the page"
     for out in outputs:
         for r in out.evaluate(CONTRAST_JS):
             checked += 1
+            if r["ratio"] < 4.5:
+                weak.append(r)
+        for r in out.evaluate(SVG_CONTRAST_JS):  # the pictures' SVG text on what it is drawn on
+            checked, svg_texts = checked + 1, svg_texts + 1
             if r["ratio"] < 4.5:
                 weak.append(r)
         fonts = out.evaluate(FONT_JS)
@@ -126,7 +131,8 @@ def _measure(page, theme: str, tag: str) -> None:
         assert got["paper"] in ("transparent", "rgba(0, 0, 0, 0)"), f"{tag}, {theme}: a plotly card {got}"
         weak += [{"plotly": w} for w in got["weak"]]
         checked += got["n"]
-    assert sized > 10, (tag, sized)  # every text's size measured (SVG text's contrast: the plotly check only)
+    assert sized > 10, (tag, sized)  # every text's size measured
+    assert svg_texts > 10, (tag, svg_texts)  # and the pictures' SVG text measured for contrast
     assert not weak, f"{tag}, {theme}: {len(weak)} of {checked} texts below 4.5:1: {weak[:6]}"
     assert not small, f"{tag}, {theme}: {len(small)} texts under 9 px: {small[:6]}"
     wide = page.evaluate(OVERFLOW_JS, PICTURE_OUTPUTS)

@@ -472,6 +472,76 @@ PLOTLY_JS = """(fig) => {
            weak: texts.filter((t) => ratio(t) < 4.5).map((t) => [t.textContent.slice(0, 20), ratio(t)]).slice(0, 5) };
 }"""
 
+# every SVG text of sbplab's own pictures (layout pictures, graphviz graphs, the widgets' charts; plotly's
+# figures have PLOTLY_JS): its fill against what it is drawn on, found as a person sees it. A haloed text
+# (stroke painted first) sits on its halo; otherwise on the shapes under its centre, composited from the
+# bottom (the HTML behind the SVG) up, with their fill opacity; a pattern fill counts each of its colours
+# (the worst one decides).
+SVG_CONTRAST_JS = """(root) => {
+  const rgba = (c) => { const v = (c || "").match(/[\\d.]+/g); return v && v.length >= 3
+    ? [+v[0], +v[1], +v[2], v.length > 3 ? +v[3] : 1] : null; };
+  const over = (top, below) => [0, 1, 2].map((i) => top[i] * top[3] + below[i] * (1 - top[3])).concat([1]);
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const ratio = (a, b) => { const [hi, lo] = [lum(a), lum(b)].sort((x, y) => y - x); return (hi + 0.05) / (lo + 0.05); };
+  const behind = (el) => {
+    const layers = [];
+    for (let n = el; n; n = n.parentElement) {
+      const c = rgba(getComputedStyle(n).backgroundColor);
+      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    return layers.reverse().reduce((below, c) => over(c, below), [255, 255, 255, 1]);
+  };
+  const paint = (el, prop, opacityProp, svg) => {  // the colours a fill or stroke can show, or null
+    const st = getComputedStyle(el), v = st[prop];
+    if (!v || v === "none") return null;
+    const op = parseFloat(st[opacityProp] || "1") * parseFloat(st.opacity || "1");
+    const url = v.match(/url\\("?#([^")]+)"?\\)/);
+    if (url) {
+      const pat = svg.querySelector(`[id="${url[1]}"]`);
+      const cs = pat ? [...pat.querySelectorAll("rect, path, polygon, circle")]
+        .flatMap((p) => paint(p, "fill", "fillOpacity", svg) || []) : [];
+      return cs.length ? cs.map((c) => [c[0], c[1], c[2], c[3] * op]) : null;
+    }
+    const c = rgba(v);
+    return c && c[3] * op > 0 ? [[c[0], c[1], c[2], c[3] * op]] : null;
+  };
+  const out = [];
+  const svgs = [...root.querySelectorAll("svg")].filter((s) => !s.closest(".js-plotly-plot") && !s.closest("svg svg")
+    && s.getClientRects().length);
+  for (const svg of svgs) {
+    const shapes = [...svg.querySelectorAll("rect, polygon, ellipse, circle, path")]
+      .filter((e) => !e.closest("pattern, defs, marker, clipPath, mask") && e.getClientRects().length)
+      .map((e) => ({ e, box: e.getBoundingClientRect(), fill: paint(e, "fill", "fillOpacity", svg) }))
+      .filter((x) => x.fill);
+    const page = behind(svg);
+    for (const t of svg.querySelectorAll("text")) {
+      if (!t.textContent.trim() || !t.getClientRects().length || getComputedStyle(t).visibility === "hidden") continue;
+      const ink = (paint(t, "fill", "fillOpacity", svg) || [])[0];
+      if (!ink) continue;
+      const st = getComputedStyle(t), halo = paint(t, "stroke", "strokeOpacity", svg);
+      const r = t.getBoundingClientRect(), cx = r.left + r.width / 2, cy = r.top + r.height / 2;
+      let bgs = [page];
+      if (halo && st.paintOrder.startsWith("stroke") && parseFloat(st.strokeWidth) >= 2) {
+        bgs = halo.map((c) => over(c, page));
+      } else {
+        for (const s of shapes) {
+          if (s.box.left > cx || s.box.right < cx || s.box.top > cy || s.box.bottom < cy) continue;
+          if (!(t.compareDocumentPosition(s.e) & Node.DOCUMENT_POSITION_PRECEDING)) continue;  // drawn over it
+          const m = s.e.getScreenCTM();
+          if (!m || !s.e.isPointInFill(new DOMPoint(cx, cy).matrixTransform(m.inverse()))) continue;
+          bgs = bgs.flatMap((b) => s.fill.map((c) => over(c, b))).slice(0, 16);
+        }
+      }
+      const worst = Math.min(...bgs.map((b) => ratio(over(ink, b), b)));
+      out.push({ text: t.textContent.trim().slice(0, 30), ratio: worst, fill: st.fill,
+                 on: bgs.map((b) => b.slice(0, 3).map(Math.round).join(",")).join(" | "),
+                 pic: (svg.getAttribute("class") || svg.closest("[class]")?.getAttribute("class") || "").slice(0, 30) });
+    }
+  }
+  return out;
+}"""
+
 # the widths of the 16-rank playground's two layout pictures against their columns
 COLUMNS_JS = """(pg) => [...pg.querySelectorAll(".pg-layout")].map((box) => ({ box: box.clientWidth,
   content: box.scrollWidth, svg: box.querySelector("svg").getBoundingClientRect().width }))"""

@@ -227,6 +227,43 @@ def test_8x8_mesh_is_readable_and_grows_instead_of_shrinking_text():
     assert min(_fonts(wide)) >= 9
 
 
+def test_a_64_way_split_fits_a_notebook_column():
+    """64 blocks in a row would need 1,200 px for their labels: a 1-D tensor's row wraps into lines (one
+    scale, every label inside its block); a 2-D plane stops at a column's width and labels only the
+    blocks wide enough, the others naming their holders on hover. Text stays at 9 px or more."""
+    row = sl.Placement("cpu", list(range(64)))
+    for shape in ((64,), (128,), (100,)):
+        root = svg_tree(layout_picture(shape, row, "S(0)"))
+        assert float(root.get("width")) <= 720 and min(_fonts(root)) >= 9, shape
+        fits = _label_fits(root)
+        assert len(fits) == 64 and all(need <= room for _, need, room in fits), shape  # every block labelled
+        cells = sorted((float(c.get("y")), float(c.get("x"))) for c in rects(root, "cell"))
+        assert len({y for y, _ in cells}) >= 2, shape  # wrapped into lines
+        covered = sorted(parse_block(c.get("data-block"))[0] for c in rects(root, "cell"))
+        assert covered[0][0] == 0 and covered[-1][1] == shape[0]
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))  # the lines together: the whole row
+    cols = svg_tree(layout_picture((64, 64), row, "S(1)"))
+    assert float(cols.get("width")) <= 720 and min(_fonts(cols)) >= 9
+    assert all(need <= room for _, need, room in _label_fits(cols))  # no label spills onto a neighbour
+    note = [t.text for t in cols.iter(f"{NS}text") if t.get("class") == "note"][0]
+    assert "64 blocks too narrow to label" in note
+    titles = [c.find(f"{NS}title").text for c in rects(cols, "cell")]
+    assert titles == [str(r) for r in range(64)]  # each block's holder on hover
+    rows = svg_tree(layout_picture((64, 64), row, "S(0)"))
+    assert float(rows.get("width")) <= 720 and len(_label_fits(rows)) == 64  # taller, not wider
+
+
+def test_shared_blocks_take_the_themes_colours():
+    """A block several ranks hold is grey on the page's theme (a CSS variable, light grey without one),
+    and a partial one's stripes too: no light-grey patch on the dark theme."""
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    root = svg_tree(layout_picture((8, 6), mesh, "S(0), B"))
+    shared = [c for c in rects(root, "cell") if "," in c.get("data-holders")]
+    assert shared and all("var(--jp-layout-color2" in c.get("style") for c in shared)
+    stripes = ET.tostring(svg_tree(layout_picture((8, 6), mesh, "B, P")).find(f"{NS}defs"), encoding="unicode")
+    assert "fill:var(--jp-layout-color1" in stripes and "fill:var(--jp-layout-color3" in stripes
+
+
 def test_the_tensor_name_is_shown_when_it_has_one():
     mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
     bare = layout_picture((8, 6), mesh, "S(0), B")

@@ -28,7 +28,10 @@ function field(label, control) {
 const sci = (x) => (x === 0 ? "0" : x.toExponential(2));
 const fmtMs = (ms) => (Math.abs(ms) < 5e-7 ? "0 ms"  // a sum's rounding (1.7e-15) is no time at all
   : ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toPrecision(3)} ms`);
-const pct = (e) => `${e >= 0 ? "+" : ""}${(e * 100).toFixed(0)}%`;
+// the prediction's error (predicted / measured - 1); far off, as the run's multiple of the prediction
+// ("-100%" said nothing about a run 200 times slower than an uncalibrated spec sheet)
+const pct = (e) => (e > -0.5 ? `error ${e >= 0 ? "+" : ""}${(e * 100).toFixed(0)}%`
+  : `the run took ${(1 / (1 + e)).toPrecision(2)}x the predicted time`);
 
 function render({ model, el, host }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
@@ -95,7 +98,9 @@ function render({ model, el, host }) {
       measured.textContent = m.comparable === false  // another machine's prediction: no error figure
         ? `${ran}; the prediction (${fmtMs(m.predicted_ms)}) is for ${m.hardware}: not comparable (${m.why}). `
           + "Predict on this machine's Hardware (cpu_box, or cluster.calibrate()) to compare."
-        : `${ran}; predicted ${fmtMs(m.predicted_ms)} on ${m.hardware}` + (m.error == null ? "" : `, error ${pct(m.error)}`);
+        : `${ran}; predicted ${fmtMs(m.predicted_ms)} on ${m.hardware}` + (m.error == null ? "" : `, ${pct(m.error)}`)
+          + (m.error != null && Math.abs(m.error) > 0.5 && m.origin === "spec sheet"
+            ? " (a spec sheet: cluster.calibrate() measures this machine)" : "");
     }
     compareText.textContent = model.get("compare_text");
     compareBox.hidden = !model.get("compare_text");

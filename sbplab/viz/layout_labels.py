@@ -12,6 +12,7 @@ from .layout_picture import LayoutPicture
 MIN_FONT = 9  # no text smaller than this (px); a big mesh makes the picture bigger instead
 CHAR_W = 0.62  # monospace advance per font px
 MAX_GROWTH = 6.0  # the tensor plane grows at most this much to fit its labels
+MAX_PLANE_W = 640.0  # and no wider than this (px): a notebook column; a 64-way split wraps or narrows
 MESH_LIST_MAX = 8  # ranks written out in the subtitle; bigger meshes are summarised (16 would be wider
 # than a notebook column)
 
@@ -92,3 +93,23 @@ def fit_side(pic: LayoutPicture, base: float) -> float:
                 need = max(need, lw / max(w, 1e-9), lh / max(h, 1e-9))
         side = min(base * MAX_GROWTH, side * need)
     return side
+
+
+def fit_plane(pic: LayoutPicture, base: float, max_w: float = MAX_PLANE_W) -> tuple[float, float]:
+    """The plane's (width, height): ``fit_side``'s proportional growth while that fits ``max_w``; past
+    it the width stops at ``max_w`` and the height grows on alone if its labels need it (a 64-way row
+    split stays a column wide and gets taller; a 64-way column split keeps its width and labels only
+    the blocks wide enough)."""
+    r_dim, c_dim = pic.plane_dims
+    rows = pic.shape[r_dim] if r_dim is not None else 1
+    cols = pic.shape[c_dim] if c_dim is not None else 1
+    pw, ph = plane_size(rows, cols, fit_side(pic, base))
+    if pw <= max_w:
+        return pw, ph
+    pw0, ph0 = plane_size(rows, cols, base)
+    tall = 1.0  # the growth the labels' heights alone need
+    for slab in pic.slabs:
+        for blk in pic.plane_blocks(slab):
+            r0, r1 = block_ranges(pic, blk, r_dim)
+            tall = max(tall, label_box(holder_lines(pic, blk))[1] / max(ph0 * (r1 - r0) / max(rows, 1), 1e-9))
+    return max_w, ph0 * max(max_w / pw0, min(MAX_GROWTH, tall))

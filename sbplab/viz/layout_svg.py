@@ -21,10 +21,13 @@ from ..sbp import fmt_sbp
 from .colors import device_color
 from .layout_labels import (
     CHAR_W,
+    MAX_PLANE_W,
     MIN_FONT,
     block_ranges,
+    fit_plane,
     fit_side,
     holder_lines,
+    label_box,
     mesh_text,
     plane_size,
     spaced_cuts,
@@ -35,6 +38,8 @@ FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
 PAGE = "var(--jp-layout-color0, var(--vscode-editor-background, #fff))"  # what the picture sits on
 PANEL = "var(--jp-layout-color1, #fafafa)"  # a device's tile
 EMPTY = "var(--jp-layout-color2, #eee)"  # the part of the tensor a device does not hold
+SHARED = "var(--jp-layout-color2, #e6e6e6)"  # a block several ranks hold (their chips on it)
+STRIPE = "var(--jp-layout-color3, #bbb)"  # the stripes of a partial block several ranks hold
 INK = "var(--jp-content-font-color1, var(--vscode-editor-foreground, #222))"
 HALO = f"paint-order:stroke;stroke:{PAGE};stroke-width:3px;stroke-linejoin:round"
 PAD = 10
@@ -89,7 +94,11 @@ def _tensor_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
     pw, ph = plane_size(rows, cols, side)
     svg.text(PAD, top + 12, "tensor: who holds each block", cls="section", weight="bold")
     top += 22
+    if pw > MAX_PLANE_W and r_dim is None:  # a 1-D tensor cut in many blocks: its row wraps, as text does
+        return _wrapped_row(svg, pic, pic_id, top)
+    pw, ph = fit_plane(pic, 190.0 if len(pic.slabs) == 1 else 130.0)  # at most a column wide
     bottom = top
+    unlabelled = 0
     for k, slab in enumerate(pic.slabs):
         x0 = PAD + 34 + (k % WRAP_SLABS) * (pw + 60)
         y0 = top + (k // WRAP_SLABS) * (ph + 50) + (16 if slab else 0)
@@ -99,7 +108,7 @@ def _tensor_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
         for blk in pic.plane_blocks(slab):
             (r0, r1), (c0, c1) = block_ranges(pic, blk, r_dim), block_ranges(pic, blk, c_dim)
             x, y, w, h = xmap(c0), ymap(r0), xmap(c1) - xmap(c0), ymap(r1) - ymap(r0)
-            _block(svg, pic, pic_id, blk, x, y, w, h)
+            unlabelled += not _block(svg, pic, pic_id, blk, x, y, w, h)
         # axis ticks: the cut points, so uneven splits read as numbers too (thinned where they would touch)
         if c_dim is not None:
             cuts = sorted({e for b in pic.plane_blocks(slab) for e in b[c_dim]})
@@ -112,12 +121,50 @@ def _tensor_view(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> floa
         bottom = max(bottom, y0 + ph + 16)
     dims = f"rows = dim {r_dim}, cols = dim {c_dim}" if r_dim is not None else (
         f"one row = dim {c_dim}" if c_dim is not None else "scalar")
+    if unlabelled:
+        dims += f"; {unlabelled} blocks too narrow to label: hover one for its holders"
     svg.text(PAD, bottom + 10, dims, size=9, cls="note")
     return bottom + 18
 
 
-def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, w: float, h: float) -> None:
-    """One block of the tensor: its holder's colour, or grey with a chip per holder when copied.
+def _wrapped_row(svg: _Svg, pic: LayoutPicture, pic_id: str, top: float) -> float:
+    """A 1-D tensor whose blocks' labels would make its row wider than ``MAX_PLANE_W``: the row is cut
+    between blocks into lines, on one scale (pixels per index, so sizes still compare), each line
+    with its start and end index, like wrapped text."""
+    c_dim = pic.plane_dims[1]
+    blocks = sorted(pic.plane_blocks(pic.slabs[0]), key=lambda b: b[c_dim][0])
+    longest = max(b[c_dim][1] - b[c_dim][0] for b in blocks)
+    need = max(label_box(holder_lines(pic, b))[0] / max(1, b[c_dim][1] - b[c_dim][0]) for b in blocks)
+    scale = min(need, MAX_PLANE_W / max(longest, 1))  # px per index: every label fits, no block too wide
+    lines: list[list] = [[]]
+    for b in blocks:
+        width = sum(x[c_dim][1] - x[c_dim][0] for x in lines[-1]) * scale
+        if lines[-1] and width + (b[c_dim][1] - b[c_dim][0]) * scale > MAX_PLANE_W:
+            lines.append([])
+        lines[-1].append(b)
+    h, x0, y = 26.0, PAD + 34, top
+    unlabelled = 0
+    for line in lines:
+        start = line[0][c_dim][0]
+        for b in line:
+            c0, c1 = b[c_dim]
+            unlabelled += not _block(svg, pic, pic_id, b, x0 + (c0 - start) * scale, y, (c1 - c0) * scale, h)
+        def at(c: int, start: int = start) -> float:
+            return x0 + (c - start) * scale
+
+        for c in spaced_cuts([start] + [b[c_dim][1] for b in line], at, lambda c: len(str(c)) * MIN_FONT * CHAR_W + 4):
+            svg.text(at(c), y + h + 12, str(c), size=MIN_FONT, cls="tick", anchor="middle")
+        y += h + 22
+    note = f"one row = dim {c_dim}, wrapped in {len(lines)} lines"
+    if unlabelled:
+        note += f"; {unlabelled} blocks too narrow to label: hover one for its holders"
+    svg.text(PAD, y + 2, note, size=9, cls="note")
+    return y + 10
+
+
+def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, w: float, h: float) -> bool:
+    """One block of the tensor: its holder's colour, or grey with a chip per holder when copied; whether
+    its holders are written on it (a block narrower than its label has them in its hover title only).
 
     Copies are drawn as chips, not as bands across the block, so they never read as a further split.
     """
@@ -130,18 +177,22 @@ def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, 
         fill = _fill(pic_id, ranks[0], partial)
     else:
         fill = f"url(#{pic_id}-pgrey)" if partial else "#e6e6e6"
+    themed = f' style="fill:{SHARED}"' if len(ranks) > 1 and not partial else ""  # grey on the page's theme
     cls = "cell partial" if partial else "cell"
     svg.add(f'<rect class="{cls}" data-block="{rng}" data-holders="{escape(label)}" x="{x:.1f}" '
-            f'y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{fill}" fill-opacity="0.85" '
-            f'stroke="#333" stroke-width="1"/>', x + w, y + h)
+            f'y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{fill}"{themed} fill-opacity="0.85" '
+            f'stroke="#333" stroke-width="1"><title>{escape(label)}</title></rect>', x + w, y + h)
     cw, sep = 18.0, 9.0
     total = len(ranks) * cw + (len(ranks) - 1) * sep
     if len(ranks) == 1 or total > w - 4 or h < 16:
         lines = holder_lines(pic, blk)
+        lw, lh = label_box(lines)
+        if lw > w + 0.5 or lh > h + 4:  # it would touch its neighbours' labels
+            return False
         top = y + h / 2 + 4 - (len(lines) - 1) * 13 / 2
         for i, line in enumerate(lines):
             svg.text(x + w / 2, top + 13 * i, line, size=11, cls="holders", anchor="middle", halo=True)
-        return
+        return True
     cx, cy = x + (w - total) / 2, y + h / 2 - 7
     for gi, g in enumerate(groups):
         for ri, r in enumerate(g):
@@ -154,6 +205,7 @@ def _block(svg: _Svg, pic: LayoutPicture, pic_id: str, blk, x: float, y: float, 
                 svg.text(cx + sep / 2, cy + 11, "+" if ri < len(g) - 1 else ",", size=10, cls="sep",
                          anchor="middle")
                 cx += sep
+    return True
 
 
 def _tile_positions(pic: LayoutPicture) -> dict[int, tuple[int, int, int]]:
@@ -292,8 +344,8 @@ def layout_svg(pic: LayoutPicture) -> str:
                  size=9, cls="legend")
         y += 16
     defs = [f'<pattern id="{pic_id}-pgrey" class="stripes" patternUnits="userSpaceOnUse" width="6" '
-            f'height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/>'
-            f'<rect width="3" height="6" fill="#bbb"/></pattern>']
+            f'height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff" style="fill:{PANEL}"/>'
+            f'<rect width="3" height="6" fill="#bbb" style="fill:{STRIPE}"/></pattern>']
     for b in pic.blocks:
         if b.partial_axes:
             col = device_color(b.rank)

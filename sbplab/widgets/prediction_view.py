@@ -81,6 +81,6 @@ def measured_state(pred: Prediction, result: Any, device_type: str = "cpu") -> t
     why = machine_mismatch(pred.hardware, device_type)
     state = {"step_ms": st["measured"] * 1e3, "steps_ms": [s * 1e3 for s in cmp.data["measured_steps"]],
              "predicted_ms": st["predicted"] * 1e3, "error": None if err != err or why else err,
-             "hardware": pred.hardware.name, "ran_on": f"{device_type.upper()} workers", "comparable": not why,
-             "why": why}
+             "hardware": pred.hardware.name, "origin": pred.hardware.origin,
+             "ran_on": f"{device_type.upper()} workers", "comparable": not why, "why": why}
     return state, "" if why else cmp.table()
