@@ -35,10 +35,30 @@ def _infer(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> tuple[Ten
     return tuple(EMPTY if o is None else TensorMeta(tuple(o.shape), o.dtype) for o in outs)
 
 
+def counts_flops(name: str) -> bool:
+    """Whether ``torch.utils.flop_counter`` can count anything for op ``name``: it has a FLOP formula
+    (matmuls, convolutions, attention), or a composite decomposition whose parts might. Any other op
+    counts zero there (pointwise ops, views, reductions, losses), so it is not run under the counter:
+    entering ``FlopCounterMode`` and running the op on meta tensors cost about a millisecond per
+    distinct call, most of a GPT's deduction when every op paid it (a 24-layer GPT-2 asks ~1100)."""
+    from torch.utils.flop_counter import flop_registry
+
+    try:
+        op = overload(name)
+    except Exception:  # noqa: BLE001  (a library op this process has not loaded: the counter decides)
+        return True
+    if op.overloadpacket in flop_registry or op in flop_registry:
+        return True
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd  # what the counter's ``decompose`` runs
+    return composite in op.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), composite)
+
+
 @lru_cache(maxsize=1 << 14)
 def _flops(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
+    if not counts_flops(name):
+        return 0
     with FlopCounterMode(display=False) as counter:
         call(name, dict(frozen), [_meta(m) for m in metas], torch.device("meta"))
     return int(counter.get_total_flops())
