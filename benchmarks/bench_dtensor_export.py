@@ -6,8 +6,9 @@ DTensor's own sharding propagation runs exactly as sbplab does (``export.coverag
 inputs are redistributed to sbplab's layout, the ops only ``local_map`` can run, the ops the export runs
 inside its ``local_map`` calls (attention, and whole modules: RNNs, MoE experts, convolutions), the
 ``local_map``-only ops it leaves unexpressed, the share it expresses (every op but those: DTensor runs
-the rest by its own rules, the ``redistribute`` ones with DTensor's own communication), its module
-hooks, and, with ``--train``, whether the exported model trains on Gloo ranks with losses equal
+the rest by its own rules, the ``redistribute`` ones with DTensor's own communication), the share it
+runs exactly as sbplab does (by propagation, by the redistributes it adds where a module's input enters:
+``exp.module_inputs``, and inside its ``local_map`` calls), its module hooks, and, with ``--train``, whether the exported model trains on Gloo ranks with losses equal
 to single-device torch (3 steps of SGD).
 
     .venv/bin/python benchmarks/bench_dtensor_export.py [--models gpt2,llama] [--strategies dp,tp] [--no-search] [--train]
@@ -25,7 +26,7 @@ import torch
 
 import sbplab as sl
 from sbplab.export import to_dtensor
-from sbplab.export.coverage import coverage, wrapped_by
+from sbplab.export.coverage import coverage, prepared_by, wrapped_by
 from sbplab.models import corpus
 
 STRATEGIES = ("dp", "zero3", "tp", "dp_tp", "pipeline")
@@ -135,9 +136,10 @@ def main() -> None:
     names = args.strategies.split(",") + ([] if args.no_search else ["searched"])
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus")
     print("| model | strategy | DTensor mode | ATen ops | by propagation | with redistributes | local_map only "
-          "| ops in the export's local_maps | not expressed | expressed by the export | module hooks | check s |"
+          "| ops in the export's local_maps | not expressed | expressed by the export | as sbplab in the export "
+          "| module hooks | check s |"
           + (" trains (max loss diff) |" if args.train else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.train else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.train else ""))
     for model in args.models.split(","):
         for strategy in names:
             try:
@@ -151,10 +153,12 @@ def main() -> None:
                 continue
             k = cov.kinds
             wrapped, left = wrapped_by(cov, exp)
-            hooks = f"{len(exp.module_outputs)} output, {len(exp.module_maps)} local_map"
+            exact = (k["dtensor"] + prepared_by(cov, exp) + wrapped) / cov.total
+            hooks = (f"{len(exp.module_inputs)} input, {len(exp.module_outputs)} output, "
+                     f"{len(exp.module_maps)} local_map")
             row = (f"| {model} | {label if strategy == 'searched' else strategy} | {exp.mode} | {cov.total} | "
                    f"{cov.fraction:.1%} | {cov.fraction_with_redistributes:.1%} | {k['local_map']} | "
-                   f"{wrapped} | {left} | {1 - left / cov.total:.1%} | {hooks} | {dt:.1f} |")
+                   f"{wrapped} | {left} | {1 - left / cov.total:.1%} | {exact:.1%} | {hooks} | {dt:.1f} |")
             if args.train:
                 row += f" {_trains(built, exp, model)} |"
             print(row, flush=True)

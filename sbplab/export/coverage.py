@@ -278,3 +278,10 @@ def wrapped_by(cov: Coverage, exp: Any) -> tuple[int, int]:
     left = sum(1 for v in cov.verdicts if v.kind == "local_map" and not inside(v))
     return wrapped, left
 
+
+
+def prepared_by(cov: Coverage, exp: Any) -> int:
+    """Ops DTensor runs as sbplab does only once their inputs are redistributed (``redistribute``) whose
+    every such input the export redistributes where it enters their module (``exp.module_inputs``)."""
+    ops = {o for mi in getattr(exp, "module_inputs", ()) for o in mi.ops}
+    return sum(1 for v in cov.verdicts if v.kind == "redistribute" and v.op in ops)

@@ -14,7 +14,8 @@ How a strategy maps (``mode``):
   too (``shard_batch``); DTensor's propagation then runs the same collectives. Data parallel and
   DP x TP on a 2-D mesh take this road (``plan`` still lists the ParallelStyle of each TP layer).
 - ``fully_shard``: ZeRO on a 1-D mesh is FSDP2; stage 3 reshards after forward, stage 2 does not.
-Ops with no DTensor rule (CPU attention) run through ``local_map`` with sbplab's placements
+Where sbplab's ops read a module's input in another layout than the one that arrives, it is redistributed
+as it enters the module (``module_inputs``: ``PrepareModuleInput``'s job). Ops with no DTensor rule (CPU attention) run through ``local_map`` with sbplab's placements
 (``local_maps``; ``with exp.running():`` around forward and backward); ``sbplab.export.coverage(step)``
 says, op by op, which ops DTensor's own propagation runs as sbplab does. Tied weights (an LM head sharing
 the embedding) stay one DTensor under both names. What DTensor cannot say is listed in ``unsupported``: pipeline stages (``torch.distributed.pipelining``
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sbp import Split
-from .local_maps import LocalMapCall, local_map_calls
+from .local_maps import TORCH_FUNCTIONS, LocalMapCall, local_map_calls
+from .module_inputs import ModuleInput, module_inputs
 from .module_maps import ModuleLocalMap, ModuleOutput, module_local_maps, module_outputs
 from .placements import DTensorPlacement, placements_of
 
@@ -53,6 +55,7 @@ class DTensorExport:
     local_maps: list[LocalMapCall] = field(default_factory=list)  # calls DTensor runs only through local_map
     module_outputs: list[ModuleOutput] = field(default_factory=list)  # outputs redistributed where they leave
     module_maps: list[ModuleLocalMap] = field(default_factory=list)  # modules run on shards (local_map)
+    module_inputs: list[ModuleInput] = field(default_factory=list)  # inputs redistributed where they enter
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -101,6 +104,7 @@ class DTensorExport:
         lines += [f"  local_map: {c.describe()}" for c in self.local_maps]
         lines += [f"  module output: {m.describe()}" for m in self.module_outputs]
         lines += [f"  module local_map: {m.describe()}" for m in self.module_maps]
+        lines += [f"  module input: {m.describe()}" for m in self.module_inputs]
         lines += [f"  cannot express: {u}" for u in self.unsupported]
         return "\n".join(lines)
 
@@ -162,15 +166,18 @@ def _export(step: Any) -> DTensorExport:
                            "as plain placements, which keeps the sharded storage but not FSDP's prefetching")
     elif zero and ndim > 1:
         unsupported.append("ZeRO on an n-D mesh: use fully_shard(model, mesh=device_mesh) (HSDP) by hand")
+    maps = module_local_maps(g, d) if mode == "distribute" else []
+    calls = local_map_calls(step)
+    prepared = module_inputs(g, d, [m.module for m in maps], tuple(TORCH_FUNCTIONS)) if mode == "distribute" else []
     return DTensorExport(
         mesh_shape=mesh.shape, mesh_dim_names=names,
         device_type=mesh.device_type or "cpu",  # a device-free strategy is written out for cpu, as before
         placements={p: placements_of(nd) for p, nd in params.items()},
         input_placements={n: placements_of(nd) for n, nd in inputs.items()},
         plan=plan, mode=mode, unsupported=unsupported, tp_dim=names[tp] if tp is not None else None,
-        reshard_after_forward=bool(zero_axes), strategy=st.name, local_maps=local_map_calls(step),
-        module_outputs=module_outputs(g, d) if mode == "distribute" else [],
-        module_maps=module_local_maps(g, d) if mode == "distribute" else [])
+        reshard_after_forward=bool(zero_axes), strategy=st.name, local_maps=calls,
+        module_outputs=module_outputs(g, d) if mode == "distribute" else [], module_maps=maps,
+        module_inputs=prepared)
 
 
 def _grads_mostly_split(g: Any, d: Any, data_axes: set[int]) -> bool:

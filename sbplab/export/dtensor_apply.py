@@ -74,6 +74,10 @@ def apply(exp: DTensorExport, module: Any, device_mesh: Any) -> Any:
         from .module_maps import install
 
         install(module, device_mesh, exp.module_outputs, exp.module_maps)
+    if exp.module_inputs:
+        from .module_inputs import install_inputs
+
+        install_inputs(module, device_mesh, exp.module_inputs)
     return module
 
 

@@ -50,6 +50,20 @@ def _module_lines(exp: DTensorExport) -> list[str]:
         out += [f"model.get_submodule({m.module!r}).register_forward_hook(leave_as({text(m.placements)}))  # {m.why}"
                 for m in exp.module_outputs]
     out += [f"# {m.describe()}: exp.apply wraps its forward (sbplab.export.module_maps)" for m in exp.module_maps]
+    if exp.module_inputs:
+        out += ["",
+                "",
+                "def enter_as(shape, placements):  # PrepareModuleInput, for the argument of that global shape",
+                "    def hook(module, args, kwargs):",
+                "        def prep(x):",
+                "            ok = isinstance(x, DTensor) and tuple(x.shape) == shape",
+                "            return x.redistribute(mesh, placements) if ok else x",
+                "        return tuple(map(prep, args)), {k: prep(v) for k, v in kwargs.items()}",
+                "    return hook",
+                "",
+                ""]
+        out += [f"model.get_submodule({m.module!r}).register_forward_pre_hook(enter_as({m.shape}, "
+                f"{text(m.placements)}), with_kwargs=True)" for m in exp.module_inputs]
     return out
 
 
@@ -80,7 +94,9 @@ def code(exp: DTensorExport) -> str:
         return "\n".join(head + body)
     kinds = sorted({type_name for pls in (*exp.placements.values(), *exp.input_placements.values())
                     for type_name in (repr(x).split("(")[0] for x in pls)}
-                   | ({"Replicate"} if exp.module_outputs else set()))
+                   | ({"Replicate"} if exp.module_outputs else set())
+                   | {repr(x).split("(")[0] for m in exp.module_inputs for x in m.placements}
+                   | ({"DTensor"} if exp.module_inputs else set()))
     body = ["import torch",
             "from torch.distributed.tensor import " + ", ".join(kinds + ["distribute_module", "distribute_tensor"]),
             *_mesh_lines(exp),
