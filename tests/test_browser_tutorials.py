@@ -23,6 +23,7 @@ from test_browser_widgets import (  # noqa: F401  (the fixtures are used by name
     FONT_JS,
     PLOTLY_JS,
     SCREENSHOT_DIR,
+    STEP_LABELS_JS,
     SVG_CONTRAST_JS,
     TOKEN,
     jupyter_lab,
@@ -145,6 +146,22 @@ def _shoot(page, selector: str, name: str) -> None:
     page.screenshot(path=str(SCREENSHOT_DIR / f"tutorial-{name}.png"))
 
 
+def _timeline_shown(run, ranks: int) -> None:
+    """The RunPanel's timeline after a run: sl.timeline's figure (plotly's own output, in an ipywidgets
+    Output inside the panel) with its legend, a millisecond axis, a memory track per rank, and step
+    labels over no bar."""
+    from playwright.sync_api import expect
+
+    plot = run.get_by_test_id("timeline").locator(".js-plotly-plot")
+    expect(plot).to_be_visible(timeout=60_000)
+    legend = plot.locator(".legendtext")
+    expect(legend.filter(has_text="forward")).to_have_count(1, timeout=30_000)
+    expect(legend.filter(has_text=f"memory, rank {ranks - 1}")).to_have_count(1)
+    assert plot.locator(".xtitle, .x2title").first.text_content() == "time (ms)"
+    labels = plot.evaluate(STEP_LABELS_JS)
+    assert labels["labels"] >= 1 and not labels["hits"], labels
+
+
 def _drive(page, name: str) -> None:
     """Use each widget once as a person does, and check it answered (and marks what is stale)."""
     from playwright.sync_api import expect
@@ -175,11 +192,17 @@ def _drive(page, name: str) -> None:
         expect(run.get_by_test_id("run-button")).to_be_enabled(timeout=240_000)
         expect(run.get_by_test_id("check")).to_contain_text("matches single-device PyTorch")
         expect(run.get_by_test_id("stale-note")).to_be_hidden()
+        _timeline_shown(run, ranks=2)
     elif name.startswith("07"):
         editor, run = page.locator(".sbplab-se"), page.locator(".sbplab-rp")
         run.get_by_test_id("run-button").click()
         expect(run.get_by_test_id("check")).to_contain_text("matches single-device PyTorch", timeout=240_000)
         expect(run.get_by_test_id("stale-note")).to_be_hidden()
+        # the notebook set the editor on an H100 node: this CPU run is not compared with that prediction
+        measured = run.get_by_test_id("measured")
+        expect(measured).to_contain_text("is for h100_node: not comparable")
+        assert "error" not in measured.inner_text() and "%" not in measured.inner_text()
+        _timeline_shown(run, ranks=2)
         editor.get_by_test_id("preset-select").select_option("tp")  # the results are now of another strategy
         expect(run.get_by_test_id("stale-note")).to_contain_text("before the strategy changed", timeout=60_000)
     elif name.startswith("08"):

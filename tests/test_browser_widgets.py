@@ -360,6 +360,8 @@ def test_run_panel_draws_the_runs_timeline_as_sl_timeline_does(lab_page):
         assert tick == ink, (tick, ink)  # the theme's text colour, not plotly's own
         steps = [t.text_content() for t in plot.locator(".annotation-text").all()]
         assert "step 0" in steps and "step 1" in steps, steps
+        labels = plot.evaluate(STEP_LABELS_JS)
+        assert labels["labels"] >= 2 and labels["bars"] > 10 and not labels["hits"], labels  # over no bar
         plot.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOT_DIR / "run_panel_timeline_view.png"))
 
@@ -540,6 +542,16 @@ SVG_CONTRAST_JS = """(root) => {
     }
   }
   return out;
+}"""
+
+# a timeline figure's step labels ("step n") against its bars: the boxes of the labels that overlap a bar
+STEP_LABELS_JS = """(plot) => {
+  const box = (e) => e.getBoundingClientRect();
+  const bars = [...plot.querySelectorAll(".barlayer .point path")].map(box).filter((r) => r.width > 0 && r.height > 0);
+  const labels = [...plot.querySelectorAll("text.annotation-text")].filter((t) => /^step \\d+$/.test(t.textContent.trim()));
+  const hits = labels.filter((t) => bars.some((b) => { const r = box(t);
+    return r.left < b.right && b.left < r.right && r.top < b.bottom && b.top < r.bottom; }));
+  return { labels: labels.length, bars: bars.length, hits: hits.map((t) => t.textContent) };
 }"""
 
 # the widths of the 16-rank playground's two layout pictures against their columns

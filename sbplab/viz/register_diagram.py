@@ -78,7 +78,9 @@ def register_picture(plan: Any, rank: int = 0, phases: tuple[str, ...] = ("forwa
             f'{f"m{held[k]}" if k < len(held) else " "}</td>' for k in range(a.registers))
         what = _logical(a.name, physical) or getattr(a, "op", None) or a.kind
         head = f"waits for stage {rank + 1}" if a.kind == "recv" else f"fired {ahead.fired.get(a.name, 0)}x"
-        label = (f'<<table border="0" cellborder="1" cellspacing="0"><tr><td colspan="{max(a.registers, 1)}">'
+        # the header cell filled light like every node, so its dark text reads on a dark page too
+        label = (f'<<table border="0" cellborder="1" cellspacing="0"><tr><td colspan="{max(a.registers, 1)}" '
+                 f'bgcolor="#f2f2f2">'
                  f'<b>{esc(str(what))}</b><br/>{esc(a.kind)}, {head}</td></tr><tr>{cells}</tr></table>>')
         lines.append(f"  {q(a.name)} [label={label}];")
     for a in actors:
