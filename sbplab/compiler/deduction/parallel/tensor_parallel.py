@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ....sbp import B, S
@@ -104,7 +104,8 @@ class TensorParallel(ParallelRule):
         tp = mesh.shape[a]
         dp = [ax for r in strategy.rules if type(r).__name__ == "DataParallel" for ax in r.axes(strategy)
               if ax != a]
-        ctx = _TPContext(graph, a, mesh.ndim, dp, self.sequence_parallel)
+        ctx = _TPContext(graph, a, mesh.ndim, dp, self.sequence_parallel,
+                         {} if graph.input_grads else _backward_matmuls(graph))
         pairing = self.pairing(graph, tp)
         self.check_globs(graph, pairing)
         hints = _pair_hints(ctx, pairing)
@@ -141,6 +142,8 @@ class _TPContext:
     ndim: int
     dp: list[int]
     sequence_parallel: bool
+    # forward op -> its backward matmuls (captured graphs)
+    backward_matmuls: dict[str, list[OpNode]] = field(default_factory=dict, compare=False)
 
     def nd(self, x: object) -> tuple:
         return on_axis(self.axis, self.ndim, x)
@@ -167,7 +170,8 @@ class _TPContext:
 def _hint(pattern: str, names: list[str], sbp: object, why: str, out: list[Hint], **kw) -> None:
     from ..strategy import Hint
 
-    mine = tuple(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    # most patterns are one escaped name: matching it needs no regular expression compiled for it
+    mine = tuple(n for n in names if pattern == escape(n) or fnmatch.fnmatchcase(n, pattern))
     if mine:
         out.append(Hint(pattern, sbp, why, required=False, only=mine, **kw))
 
@@ -203,7 +207,7 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
     if not graph.input_grads:  # a captured graph: the column inputs' gradients found from the backward ops
         what = "reduce-scattered" if ctx.sequence_parallel else "all-reduced"
         for g in pairing.pairs:
-            for t in _summed_input_grads(graph, [graph.op_by_name[c] for c in g.columns]):
+            for t in _summed_input_grads(ctx, [graph.op_by_name[c] for c in g.columns]):
                 _hint(escape(t), [t], ctx.between_blocks(t), f"Megatron f: the input's gradient is {what}", out,
                       role="activation")
     for op, u in col_uses:
@@ -228,20 +232,32 @@ def _pair_hints(ctx: _TPContext, pairing: Pairing) -> list[Hint]:
 GRAD_PATH = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 
 
-def _summed_input_grads(graph: Graph, columns: list[OpNode]) -> list[str]:
+def _backward_matmuls(graph: Graph) -> dict[str, list[OpNode]]:
+    """Per forward op, the backward matmuls that differentiate it, in graph order: made once per rule
+    resolution (a scan of a 32-layer model's ops per column layer cost a quarter of its deduction)."""
+    index: dict[str, list[OpNode]] = {}
+    for b in graph.ops:
+        if b.forward_op is not None and b.phase == "backward" and b.type in BACKWARD_MATMULS:
+            index.setdefault(b.forward_op, []).append(b)
+    return index
+
+
+BACKWARD_MATMULS = ("aten.mm.default", "aten.matmul.default")
+
+
+def _summed_input_grads(ctx: _TPContext, columns: list[OpNode]) -> list[str]:
     """The gradients of the inputs of ``columns`` (a captured graph's backward matmuls that read the layer's
     weight and make a tensor of its input's shape), followed through reshapes and summed where several
     columns read one input (q, k and v): one tensor per input, the one Megatron's f all-reduces."""
-    ends = []
+    graph, ends = ctx.graph, []
     for op in columns:
         use = linear_use(graph, op)
         if use is None:
             continue
         views = {use.param, *(w for w, _ in _weight_views(graph, use.param, use.param_out))}
         shape = graph.tensors[op.inputs[use.data]].shape
-        for b in graph.ops:
-            if b.forward_op == op.name and b.phase == "backward" and b.type in ("aten.mm.default", "aten.matmul.default") \
-                    and views & set(b.inputs) and graph.tensors[b.outputs[0]].shape == shape:
+        for b in ctx.backward_matmuls.get(op.name, ()):
+            if views & set(b.inputs) and graph.tensors[b.outputs[0]].shape == shape:
                 ends.append(b.outputs[0])
     ends = [_through_views(graph, t) for t in ends]
     changed = True
@@ -414,7 +430,7 @@ def _vocab_hints(ctx: _TPContext, embeds: list, heads: list) -> list[Hint]:
         if graph.input_grads:
             _hint(escape(op.name), [op.name], ctx.between_blocks(op.inputs[use.data]),
                   f"Megatron f: the input's gradient is {what}", out, input_grad=use.data)
-        for t in [] if graph.input_grads else _summed_input_grads(graph, [op]):
+        for t in [] if graph.input_grads else _summed_input_grads(ctx, [op]):
             _hint(escape(t), [t], ctx.between_blocks(t), f"Megatron f: the input's gradient is {what}", out,
                   role="activation")
         x = op.inputs[use.data]
