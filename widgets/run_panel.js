@@ -156,10 +156,12 @@ function render({ model, el, host }) {
   // stylesheet, then plotly's own output), drawn here as JupyterLab draws any widget view
   let shownRef = "";
   let child = null;  // the Output's view shown now
+  let sizer = null;  // tells it when the panel's width changes (a scrollbar, the sidebar, the window)
   async function showTimeline(ref) {
     shownRef = ref;
+    sizer?.disconnect();
     child?.remove();
-    child = null;
+    child = sizer = null;
     timeline.replaceChildren();
     if (!ref) return;
     const manager = model.widget_manager;
@@ -177,13 +179,17 @@ function render({ model, el, host }) {
       const lumino = view.luminoWidget || view.pWidget;
       lumino?.processMessage?.({ type: "after-attach", isConflatable: false });
       lumino?.processMessage?.({ type: "after-show", isConflatable: false });
+      // and that its size changed whenever the panel's does: plotly's renderer then fits the figure to it
+      sizer = new ResizeObserver(() => lumino?.processMessage?.({ type: "resize", width: -1, height: -1,
+        isConflatable: false }));
+      sizer.observe(timeline);
     } catch (e) {
       timeline.replaceChildren(h("div", { class: "sbplab-error", text: `the timeline could not be shown: ${e}` }));
     }
   }
 
   const stop = redrawOn(model, DERIVED, draw);
-  return () => { stop(); child?.remove(); };
+  return () => { stop(); sizer?.disconnect(); child?.remove(); };
 }
 
 export default { initialize, render };
