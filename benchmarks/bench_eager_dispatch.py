@@ -23,15 +23,15 @@ def _median_us(fn, repeat: int = 2000) -> float:
     return statistics.median(times) * 1e6
 
 
-def bench(mesh: sl.Placement, op: str, make_inputs) -> None:
+def bench(mesh: sl.Placement, op: str, make_inputs, fn) -> None:
+    """``fn``: the torch function of the shards, the kernels' share of one call (each rank's shards are
+    read as they are, as the signature that keeps the inputs' SBP does)."""
     xs = make_inputs(mesh)
-    sl.apply(op, xs)  # warm the decision cache
-    kernel = sl.ops.get_op(op).kernel
-    dec_attrs = {r: {} for r in mesh.rank_list}
+    sl.apply(op, xs)  # warm the decision cache (and, for a traced name, its trace)
 
     def raw():
         for r in mesh.rank_list:
-            kernel([x.shards[r] for x in xs], dec_attrs[r])
+            fn(*[x.shards[r] for x in xs])
 
     t_raw = _median_us(raw)
     t_all = _median_us(lambda: sl.apply(op, xs))
@@ -46,11 +46,17 @@ def main() -> None:
     for mesh in (sl.Placement("cpu", 4), sl.Placement("cpu", [[0, 1], [2, 3]]),
                  sl.Placement("cpu", [[[0, 1], [2, 3]], [[4, 5], [6, 7]]])):
         nd = ", ".join(["S(0)"] + ["B"] * (mesh.ndim - 1))
+        rep = ", ".join(["B"] * mesh.ndim)
         bench(mesh, "add", lambda m, nd=nd: [sl.tensor(torch.randn(16, 16), placement=m, sbp=nd),
-                                              sl.tensor(torch.randn(16, 16), placement=m, sbp=nd)])
-        bench(mesh, "matmul", lambda m, nd=nd: [sl.tensor(torch.randn(16, 16), placement=m, sbp=nd),
-                                                 sl.tensor(torch.randn(16, 8), placement=m,
-                                                           sbp=", ".join(["B"] * m.ndim))])
+                                              sl.tensor(torch.randn(16, 16), placement=m, sbp=nd)], torch.add)
+        bench(mesh, "matmul", lambda m, nd=nd, rep=rep: [sl.tensor(torch.randn(16, 16), placement=m, sbp=nd),
+                                                          sl.tensor(torch.randn(16, 8), placement=m, sbp=rep)],
+              torch.matmul)
+        # a traced torch function: F.linear is two ATen ops (t, addmm), each dispatched
+        bench(mesh, "linear", lambda m, nd=nd, rep=rep: [sl.tensor(torch.randn(16, 16), placement=m, sbp=nd),
+                                                          sl.tensor(torch.randn(8, 16), placement=m, sbp=rep),
+                                                          sl.tensor(torch.randn(8), placement=m, sbp=rep)],
+              torch.nn.functional.linear)
 
 
 if __name__ == "__main__":

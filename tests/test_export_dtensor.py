@@ -18,6 +18,7 @@ import sbplab as sl
 from sbplab.compiler import SGD, presets
 from sbplab.compiler.reference import torch_steps
 from sbplab.export import DTensorExport, to_dtensor
+from sbplab.export.coverage import coverage, prepared_by
 from sbplab.models import CNN, MLP, CNNConfig, MLPConfig
 
 LR, STEPS = 0.1, 3
@@ -316,21 +317,24 @@ def _train_cell(rank: int, world: int, port: int, exp: DTensorExport, name: str,
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name, strategy", [("llama", "tp"), ("lstm", "dp"), ("mixtral", "dp")])
+@pytest.mark.parametrize("name, strategy", [("llama", "tp"), ("lstm", "dp"), ("mixtral", "dp"), ("resnet", "dp")])
 def test_exported_corpus_cell_trains_like_torch(name, strategy):
     """One cell per thing the export adds at module boundaries, on 2 Gloo ranks: Llama under TP (its
     vocabulary-split embedding reduced once where it leaves, and a view's gradient made dense), an LSTM
     (run through local_map on its batch shards: DTensor has no rule for the fused RNN kernel), Mixtral (its
     experts through local_map: DTensor propagates grouped_mm only in bf16). Losses and trained parameters
-    equal torch's. The bench (``bench_dtensor_export.py --train``) runs every model and strategy, ResNet's
+    equal torch's. ResNet under data parallel: its ReLU modules' inputs redistributed where they enter
+(PrepareModuleInput), BatchNorm over the whole batch. The bench (``bench_dtensor_export.py --train``) runs every model and strategy, ResNet's
     included (data parallel: BatchNorm over the whole batch, equal to torch)."""
     if name != "lstm":
         pytest.importorskip("transformers")
 
     b, step, exp = _corpus_export(name, strategy)
     assert exp.mode == "distribute"
-    kinds = {"llama": (1, 0), "lstm": (0, 1), "mixtral": (0, 2)}[name]
+    kinds = {"llama": (1, 0), "lstm": (0, 1), "mixtral": (0, 2), "resnet": (0, 0)}[name]
     assert (len(exp.module_outputs), len(exp.module_maps)) == kinds, exp.summary()
+    if name == "resnet":  # each ReLU module slices its replicated input over the batch, as sbplab does
+        assert exp.module_inputs and all(m.module.endswith("activation") for m in exp.module_inputs)
     ref, trained = b.train_torch(STEPS, lambda ps: torch.optim.SGD(ps, lr=LR))
     got = _on_two_ranks(_train_cell, exp, name)
     for rank, (losses, _) in got.items():
@@ -353,6 +357,16 @@ def test_resnet_data_parallel_is_not_zero():
              and any(isinstance(x, sl.Split) for x in step.deduction.sbp[step.graph.grads[p]])]
     assert split and all("normalization" in p for p in split)
     assert exp.mode == "distribute" and exp.module_maps == [] and exp.module_outputs == []
+    # sbplab slices each ReLU's replicated input over the batch; DTensor would keep it replicated: the
+    # export redistributes it where it enters the activation module, and the ReLU then runs as in sbplab
+    assert len(exp.module_inputs) == 5, exp.summary()
+    for mi in exp.module_inputs:
+        assert mi.module.endswith("activation") and [p.kind for p in mi.placements] == ["shard"]
+        assert mi.ops == (mi.module + ".relu",)
+    assert "register_forward_pre_hook(enter_as(" in exp.code()
+    cov = coverage(step)
+    assert prepared_by(cov, exp) == 5 and all(v.kind == "redistribute" for v in cov.verdicts if v.op in
+                                              {o for mi in exp.module_inputs for o in mi.ops})
     _, _, exp = _corpus_export("resnet", "dp_tp")  # the batch over both axes: convolutions through local_map
     assert exp.module_maps and all(m.module.endswith("convolution") for m in exp.module_maps)
 
