@@ -167,6 +167,16 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
     return _to_graph(gm, model, names, flat)
 
 
+def import_capture_machinery() -> None:
+    """Import what a capture runs (torch.export's tracer, AOTAutograd and its partitioner, TorchDynamo
+    under them) ahead of the first capture, which otherwise pays it: about a CPU second, once per
+    process, like importing torch. ``benchmarks/bench_compile.py`` calls it before its clock starts
+    and prints its time apart."""
+    import torch._functorch.aot_autograd  # noqa: F401
+    import torch._functorch.partitioners  # noqa: F401
+    import torch.export._trace  # noqa: F401
+
+
 def _joint(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int, kw_names: tuple[str, ...],
            autocast: torch.dtype | None) -> fx.GraphModule:
     """torch.export then torch's autograd: the joint forward + backward graph, with descriptors."""
