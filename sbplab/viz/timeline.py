@@ -153,7 +153,7 @@ def _rank_color(rank: Any) -> str:
     return device_color(rank) if isinstance(rank, int) and rank >= 0 else "#666666"
 
 
-MAX_POINTS = 2000  # a memory track's points per rank: beyond, the largest value per time bucket
+MAX_POINTS = 800  # a memory track's points per rank (a plot's width in pixels): beyond, each bucket's peak
 
 
 def measured_memory(x: Any) -> dict[int, list[tuple[float, int]]] | None:

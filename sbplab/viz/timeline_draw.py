@@ -35,6 +35,15 @@ def fmt_us(us: float) -> str:
     return f"{us / 1e6:.3g} s"
 
 
+def ms(us: float) -> float:
+    """Microseconds as the figure's milliseconds, to 10 ns: a saved figure keeps 6 digits, not 17."""
+    return round(us / 1e3, 5)
+
+
+def _r(v: float) -> float:
+    return round(v, 4)  # a lane position or thickness: 1e-4 of a lane is far below a pixel
+
+
 def short(op: object) -> str:
     """``sbplab.boxing.kinds.local_kinds:to_partial`` -> ``to_partial``: a kernel by its function's name."""
     return str(op).rsplit(":", 1)[-1]
@@ -60,8 +69,7 @@ def hover(b: Bar, t0: float, info: ActorInfo, series: str, ready_us: float) -> s
             f"group ({', '.join(map(str, b.group))})"
         lines.append(what + where)
     if b.lane == "comm" and ready_us > b.start_us:
-        lines.append(f"waited {fmt_us(ready_us - b.start_us)} (peers, its send, or the stream), "
-                     f"then moved data for {fmt_us(b.end_us - ready_us)}")
+        lines.append(f"waited {fmt_us(ready_us - b.start_us)} (hatched), moved data {fmt_us(b.end_us - ready_us)}")
     when = [f"rank {b.rank}"] + ([f"step {b.step}"] if b.step is not None else [])
     if b.micro_batch is not None:
         when.append(f"micro-batch {b.micro_batch}")
@@ -117,8 +125,8 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
                                                    else "") for b in sel]
         tips = [hover(b, t0, lookup(b.rank, b.name), name, ready[i]) for i, b in zip(ix, sel)]
         marks.put(fig, go.Bar(
-            y=[g[0] for g in geo], width=[g[1] for g in geo], x=[b.dur_us / 1e3 for b in sel],
-            base=[(b.start_us - t0) / 1e3 for b in sel], orientation="h", name=name, meta="firings",
+            y=[_r(g[0]) for g in geo], width=[_r(g[1]) for g in geo], x=[ms(b.dur_us) for b in sel],
+            base=[ms(b.start_us - t0) for b in sel], orientation="h", name=name, meta="firings",
             legendgroup=name, showlegend=marks.legend(name), legendrank=1000 + 10 * key[0] + min(key[1], 9),
             marker=dict(color=color, opacity=[WAIT_OPACITY if waits[i] else 1.0 for i in ix],
                         pattern=dict(shape=["/" if waits[i] else "" for i in ix], fgcolor=color, size=6),
@@ -131,8 +139,8 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
         if moving:  # the stretch that moved data, solid over the hatched whole
             marks.put(fig, go.Bar(
                 y=[geo[k][0] for k in moving], width=[geo[k][1] for k in moving],
-                x=[(sel[k].end_us - ready[ix[k]]) / 1e3 for k in moving],
-                base=[(ready[ix[k]] - t0) / 1e3 for k in moving], orientation="h", name=name, meta="transfers",
+                x=[ms(sel[k].end_us - ready[ix[k]]) for k in moving],
+                base=[ms(ready[ix[k]] - t0) for k in moving], orientation="h", name=name, meta="transfers",
                 legendgroup=name, showlegend=False, marker=dict(color=color, line=dict(width=0)),
                 hovertext=[tips[k] for k in moving], hoverinfo="text"))
     if any(waits):
@@ -161,7 +169,7 @@ def _add_idle(fig: Any, gaps: Sequence[Gap], t0: float, marks: Marks, lanes: Lan
     rows = [f"rank {g.rank} · compute" for g in gaps]
     marks.put(fig, go.Bar(
         y=[lanes.top[r] + lanes.height[r] / 2 for r in rows], width=[BAND * 0.45] * len(gaps),
-        x=[g.dur_us / 1e3 for g in gaps], base=[(g.start_us - t0) / 1e3 for g in gaps], orientation="h",
+        x=[ms(g.dur_us) for g in gaps], base=[ms(g.start_us - t0) for g in gaps], orientation="h",
         name="idle", legendgroup="idle", showlegend=marks.legend("idle"), legendrank=2000, meta="idle",
         marker=dict(color=KIND_COLORS["idle"], line=dict(width=0)),
         hovertext=[f"rank {g.rank} idle for {fmt_us(g.dur_us)}<br>from {(g.start_us - t0) / 1e3:.3f} ms "
@@ -191,7 +199,7 @@ def _add_links(fig: Any, bars: Sequence[Bar], ready: Sequence[float], t0: float,
                                   line=dict(color=FLOW_COLOR, width=1, dash="dot"), marker=dict(size=4)))
     xs, ys, symbols = [], [], []
     for s, r in p2p_pairs(bars):
-        xs += [(bars[s].start_us - t0) / 1e3, (bars[r].end_us - t0) / 1e3, None]
+        xs += [ms(bars[s].start_us - t0), ms(bars[r].end_us - t0), None]
         ys += [lanes.y(bars[s])[0], lanes.y(bars[r])[0], None]
         symbols += ["circle", "arrow", "circle"]
     if xs:
@@ -210,8 +218,8 @@ def _add_critical(fig: Any, path: Sequence[Bar], t0: float, lanes: Lanes, marks:
     name = "critical path"
     geo = [lanes.y(b) for b in path]
     marks.put(fig, go.Bar(
-        y=[g[0] for g in geo], width=[g[1] for g in geo], x=[b.dur_us / 1e3 for b in path],
-        base=[(b.start_us - t0) / 1e3 for b in path], orientation="h", name=name, legendgroup=name, meta="critical",
+        y=[_r(g[0]) for g in geo], width=[_r(g[1]) for g in geo], x=[ms(b.dur_us) for b in path],
+        base=[ms(b.start_us - t0) for b in path], orientation="h", name=name, legendgroup=name, meta="critical",
         showlegend=marks.legend(name), legendrank=2600, hoverinfo="skip",
         marker=dict(color="rgba(0,0,0,0)", line=dict(color="#000000", width=2))))
 
@@ -237,8 +245,8 @@ def add_counters(fig: Any, counters: Sequence[Any], t0: float, marks: Marks, col
     for c in counters:
         name = f"{c.name}, rank {c.rank}"
         marks.put(fig, go.Scatter(
-            x=[(t - t0) / 1e3 for t in c.t_us], y=list(c.values), mode="lines", line=dict(shape="hv", width=1.5,
-                                                                                          color=color(c.rank)),
+            x=[ms(t - t0) for t in c.t_us], y=[int(v) for v in c.values], mode="lines",
+            line=dict(shape="hv", width=1.5, color=color(c.rank)),
             name=name, legendgroup=name, showlegend=marks.legend(name), legendrank=4000, meta="counters",
-            hovertext=[f"rank {c.rank} {c.name}: {fmt_bytes(int(v))} at {(t - t0) / 1e3:.3f} ms"
-                       for t, v in zip(c.t_us, c.values)], hoverinfo="text"))
+            customdata=[fmt_bytes(int(v)) for v in c.values],  # the hover's words: a few characters a point
+            hovertemplate=f"rank {c.rank} {c.name}: %{{customdata}} at %{{x:.3f}} ms<extra></extra>"))
