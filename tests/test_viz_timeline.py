@@ -58,9 +58,10 @@ def drawn(fig) -> list[dict]:
     for tr in fig.data:
         if tr.meta != "firings":  # idle gaps, transfer stretches, links, critical path, counters
             continue
-        for x, base, y, w, hover, (row, actor, step) in zip(tr.x, tr.base, tr.y, tr.width, tr.hovertext,
-                                                            tr.customdata):
-            out.append({"row": row, "actor": actor, "step": step, "start_ms": float(base), "dur_ms": float(x),
+        for x, base, y, w, hover, what in zip(tr.x, tr.base, tr.y, tr.width, tr.hovertext, tr.customdata):
+            row, actor, step = what.split("|")  # "row|actor|step"
+            out.append({"row": row, "actor": actor, "step": None if step == "None" else int(step),
+                        "start_ms": float(base), "dur_ms": float(x),
                         "y": float(y), "width": float(w), "series": tr.name, "color": tr.marker.color,
                         "hover": hover, "axis": tr.yaxis or "y"})
     return out

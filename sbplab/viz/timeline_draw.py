@@ -44,6 +44,11 @@ def _r(v: float) -> float:
     return round(v, 4)  # a lane position or thickness: 1e-4 of a lane is far below a pixel
 
 
+def _each(values: list) -> Any:
+    """A per-bar list, or its one value when every bar has it (a saved figure keeps one line, not one each)."""
+    return values[0] if values and all(v == values[0] for v in values) else values
+
+
 def short(op: object) -> str:
     """``sbplab.boxing.kinds.local_kinds:to_partial`` -> ``to_partial``: a kernel by its function's name."""
     return str(op).rsplit(":", 1)[-1]
@@ -128,12 +133,14 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
             y=[_r(g[0]) for g in geo], width=[_r(g[1]) for g in geo], x=[ms(b.dur_us) for b in sel],
             base=[ms(b.start_us - t0) for b in sel], orientation="h", name=name, meta="firings",
             legendgroup=name, showlegend=marks.legend(name), legendrank=1000 + 10 * key[0] + min(key[1], 9),
-            marker=dict(color=color, opacity=[WAIT_OPACITY if waits[i] else 1.0 for i in ix],
-                        pattern=dict(shape=["/" if waits[i] else "" for i in ix], fgcolor=color, size=6),
+            marker=dict(color=color, opacity=_each([WAIT_OPACITY if waits[i] else 1.0 for i in ix]),
+                        pattern=dict(shape=_each(["/" if waits[i] else "" for i in ix]), fgcolor=color, size=6),
                         line=dict(color="rgba(255,255,255,0.7)", width=0.5)),
             text=text, textposition="inside", insidetextanchor="middle", textangle=0,
             hovertext=tips, hoverinfo="text",
-            customdata=[[b.row, b.name, b.step] for b in sel],  # what each bar is, for click handlers and tests
+            # what each bar is, for click handlers and tests: "row|actor|step" (one short string a bar keeps
+            # a saved notebook small: nbformat writes each list item on a line of its own)
+            customdata=[f"{b.row}|{b.name}|{b.step}" for b in sel],
         ))
         moving = [k for k, i in enumerate(ix) if waits[i]]
         if moving:  # the stretch that moved data, solid over the hatched whole
