@@ -26,7 +26,7 @@ import torch
 
 import sbplab as sl
 from sbplab.export import to_dtensor
-from sbplab.export.coverage import coverage, prepared_by, wrapped_by
+from sbplab.export.coverage import as_sbplab, coverage, wrapped_by
 from sbplab.models import corpus
 
 STRATEGIES = ("dp", "zero3", "tp", "dp_tp", "pipeline")
@@ -153,7 +153,7 @@ def main() -> None:
                 continue
             k = cov.kinds
             wrapped, left = wrapped_by(cov, exp)
-            exact = (k["dtensor"] + prepared_by(cov, exp) + wrapped) / cov.total
+            exact = as_sbplab(cov, exp)
             hooks = (f"{len(exp.module_inputs)} input, {len(exp.module_outputs)} output, "
                      f"{len(exp.module_maps)} local_map")
             row = (f"| {model} | {label if strategy == 'searched' else strategy} | {exp.mode} | {cov.total} | "

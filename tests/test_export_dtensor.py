@@ -18,7 +18,7 @@ import sbplab as sl
 from sbplab.compiler import SGD, presets
 from sbplab.compiler.reference import torch_steps
 from sbplab.export import DTensorExport, to_dtensor
-from sbplab.export.coverage import coverage, prepared_by
+from sbplab.export.coverage import as_sbplab, coverage, prepared_by
 from sbplab.models import CNN, MLP, CNNConfig, MLPConfig
 
 LR, STEPS = 0.1, 3
@@ -367,6 +367,7 @@ def test_resnet_data_parallel_is_not_zero():
     cov = coverage(step)
     assert prepared_by(cov, exp) == 5 and all(v.kind == "redistribute" for v in cov.verdicts if v.op in
                                               {o for mi in exp.module_inputs for o in mi.ops})
+    assert as_sbplab(cov, exp) == pytest.approx((cov.kinds["dtensor"] + 5) / cov.total)  # nothing wrapped here
     _, _, exp = _corpus_export("resnet", "dp_tp")  # the batch over both axes: convolutions through local_map
     assert exp.module_maps and all(m.module.endswith("convolution") for m in exp.module_maps)
 

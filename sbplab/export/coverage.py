@@ -260,10 +260,10 @@ def _of_torch(p: Any) -> Any:
     return ("other", repr(p))  # avg and the rest: nothing sbplab says
 
 
-def wrapped_by(cov: Coverage, exp: Any) -> tuple[int, int]:
-    """(ops the export runs through ``local_map``, ``local_map``-only ops it leaves unexpressed): an op is
-    wrapped when it is an attention call the export maps (``exp.local_maps``), forward or backward, or lies
-    in a module the export runs on its shards (``exp.module_maps``)."""
+def _inside_export(exp: Any):
+    """Whether a verdict's op runs inside one of the export's ``local_map`` calls: an attention call the
+    export maps (``exp.local_maps``), forward or backward, or an op of a module it runs on its shards
+    (``exp.module_maps``)."""
     from .local_maps import TORCH_FUNCTIONS
 
     modules = [m.module for m in exp.module_maps]
@@ -274,10 +274,15 @@ def wrapped_by(cov: Coverage, exp: Any) -> tuple[int, int]:
             return True
         return any(v.module == m or v.module.startswith(m + ".") for m in modules)
 
+    return inside
+
+
+def wrapped_by(cov: Coverage, exp: Any) -> tuple[int, int]:
+    """(ops the export runs through ``local_map``, ``local_map``-only ops it leaves unexpressed)."""
+    inside = _inside_export(exp)
     wrapped = sum(1 for v in cov.verdicts if inside(v))
     left = sum(1 for v in cov.verdicts if v.kind == "local_map" and not inside(v))
     return wrapped, left
-
 
 
 def prepared_by(cov: Coverage, exp: Any) -> int:
@@ -285,3 +290,15 @@ def prepared_by(cov: Coverage, exp: Any) -> int:
     every such input the export redistributes where it enters their module (``exp.module_inputs``)."""
     ops = {o for mi in getattr(exp, "module_inputs", ()) for o in mi.ops}
     return sum(1 for v in cov.verdicts if v.kind == "redistribute" and v.op in ops)
+
+
+def as_sbplab(cov: Coverage, exp: Any) -> float:
+    """The share of the step's ATen ops the exported DTensor program runs exactly as sbplab does: by
+    DTensor's propagation, after the export's module-input redistributes, or inside its ``local_map``
+    calls (on sbplab's shards). The rest DTensor runs by its own choice (or, ``local_map``-only ops the
+    export does not wrap, not as sbplab at all)."""
+    inside = _inside_export(exp)
+    ops = {o for mi in getattr(exp, "module_inputs", ()) for o in mi.ops}
+    n = sum(1 for v in cov.verdicts
+            if v.kind == "dtensor" or inside(v) or (v.kind == "redistribute" and v.op in ops))
+    return n / cov.total if cov.total else 0.0
