@@ -40,10 +40,10 @@ from .registry import (
     NdSignature,
     OpDef,
     TensorMeta,
-    _freeze,
     get_op,
     local_context,
     nd_signatures,
+    shape_key,
 )
 
 TIME_RESOLUTION_S = 1e-12  # times closer than this are a tie (float sums in another order differ by ulps)
@@ -96,7 +96,7 @@ class RankedSignature:
 def local_flops(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict, sig: NdSignature,
                 placement: Placement) -> int:
     """FLOPs of ``op`` on one rank's shards under ``sig`` (the first rank; splits are balanced)."""
-    return _local_flops(op.name, tuple(in_metas), _freeze(attrs), sig, placement)
+    return _local_flops(op.name, tuple(in_metas), shape_key(attrs), sig, placement)  # dropouts share
 
 
 @lru_cache(maxsize=65536)

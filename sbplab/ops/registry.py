@@ -20,7 +20,7 @@ import torch
 
 from ..errors import SbplabError
 from ..freeze import freeze
-from ..freeze import freeze as _freeze  # noqa: F401  (the name ops/choose.py and eager/dispatch.py import)
+from ..freeze import freeze as _freeze  # noqa: F401  (the name eager/dispatch.py imports)
 from ..layout import Block, local_block, mesh_blocks, numel, partial_ok
 from ..placement import Placement
 from ..sbp import B, NdSbp, SbpParallel, Split, fmt_sbp, normalize_split
@@ -94,6 +94,19 @@ IntoFn = Callable[[Sequence[torch.Tensor], dict, torch.Tensor], None]
 
 def _no_localize(attrs: dict, ctx: LocalContext) -> dict:
     return attrs
+
+
+# Where a random op's numbers come from (its stream, the rank's block of the global draw:
+# ``ops/aten/family_random.py``): they never change shapes, signatures or FLOPs, so caches of those
+# leave them out of their keys, and every dropout of one shape shares one answer.
+RNG_ATTRS = ("stream", "draw")
+
+
+def shape_key(attrs: dict) -> Any:
+    """``freeze(attrs)`` without ``RNG_ATTRS``: the key of answers that depend on shapes alone."""
+    if any(k in attrs for k in RNG_ATTRS):
+        attrs = {k: v for k, v in attrs.items() if k not in RNG_ATTRS}
+    return freeze(attrs)
 
 
 def _zero_flops(ins: Sequence[TensorMeta], outs: Sequence[TensorMeta], attrs: dict) -> int:
@@ -240,22 +253,30 @@ def _valid_on_ranks(op: OpDef, in_metas: tuple[TensorMeta, ...], out_metas: tupl
 
     ``seen`` keeps answers across the signatures of one op, inputs and attributes: an op without
     ``localize`` sees only the local shapes, so a row of local input and output shapes checked before
-    has that answer (the same pieces recur in many signatures)."""
+    has that answer (the same pieces recur in many signatures); a localized op sees its local
+    attributes too, so they join the key (less ``RNG_ATTRS``, which never change a shape)."""
     plain = op.localize is _no_localize  # it would return the attrs as they are, ignoring ctx
     for ib, ob in rows:
         if ib is None or ob is None:
             return False
         local = tuple([tuple([e - s for s, e in blk]) for blk in ib])
         want = [tuple([e - s for s, e in blk]) for blk in ob]
-        key = (local, tuple(want)) if plain and seen is not None else None
+        try:
+            here = dict(attrs) if plain else op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig))
+        except (ValueError, RuntimeError, IndexError):
+            return False
+        key: Any = None
+        if seen is not None:  # a localized op (a dropout with its draw) is keyed by its local attrs too
+            key = (local, tuple(want)) if plain else (local, tuple(want), shape_key(here))
+            try:
+                hash(key)
+            except TypeError:
+                key = None  # attributes that cannot key a dict: no sharing
         ok = None if key is None else seen.get(key)  # type: ignore[union-attr]
         if ok is None:
             local_in = [TensorMeta(sh, m.dtype) for sh, m in zip(local, in_metas)]
             try:
-                if plain:
-                    got = op.infer(local_in, dict(attrs))
-                else:
-                    got = op.infer(local_in, op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig)))
+                got = op.infer(local_in, here)
                 ok = [tuple(g.shape) for g in got] == want
             except (ValueError, RuntimeError, IndexError):
                 ok = False
@@ -344,7 +365,7 @@ def nd_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict,
     passed to the op as tuples).
     """
     op = get_op(op) if isinstance(op, str) else op
-    return list(_nd_signatures_cached(op.name, tuple(in_metas), freeze(attrs), placement.shape))
+    return list(_nd_signatures_cached(op.name, tuple(in_metas), shape_key(attrs), placement.shape))
 
 
 def run_local(op: OpDef | str, local_inputs: Sequence[torch.Tensor], attrs: dict,
