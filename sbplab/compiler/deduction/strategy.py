@@ -207,13 +207,14 @@ class Strategy:
         the errors of a rule's own arguments (an axis the mesh lacks, globs naming no layer)."""
         from .hint_report import HintMatch, HintReport
 
-        by_role = _by_role(graph)
+        by_role, positions = _by_role(graph), {}
         matches, uses = [], []
         for rule in self.rules:
             use = rule.resolve(graph, self)
             uses.append((rule, use))
-            matches += [HintMatch(h, self._targets(graph, h, by_role), source=rule.describe()) for h in use.hints]
-        matches += [HintMatch(h, self._targets(graph, h, by_role), source="user" if h.required else "preset")
+            matches += [HintMatch(h, self._targets(graph, h, by_role, positions),
+                                source=rule.describe()) for h in use.hints]
+        matches += [HintMatch(h, self._targets(graph, h, by_role, positions), source="user" if h.required else "preset")
                     for h in self.hints]
         sigs = [(h, [op.name for op in graph.ops if fnmatch.fnmatchcase(op.name, h.pattern)]) for h in self.signatures]
         return HintReport(self.name, matches, uses, sigs)
@@ -259,13 +260,18 @@ class Strategy:
         self.signatures.append(SignatureHint(op_pattern, sig, why))
         return self
 
-    def _targets(self, graph: Graph, h: Hint, by_role: dict[str | None, list[str]]) -> list[str]:
+    def _targets(self, graph: Graph, h: Hint, by_role: dict[str | None, list[str]],
+                 positions: dict | None = None) -> list[str]:
         if h.input_grad is None:
             if not any(c in h.pattern for c in "*?["):  # one name (tensor parallel's hints): no scan
                 t = graph.tensors.get(h.pattern)
                 hit = t is not None and (h.role is None or t.role == h.role)
                 return [h.pattern] if hit and (h.only is None or h.pattern in h.only) else []
             match = _glob(h.pattern)
+            if h.only is not None and positions is not None and len(h.only) < len(by_role[h.role]) // 8:
+                # a rule's few names (tensor parallel's, per pair): looked up, not matched against every tensor
+                pos = _positions(by_role, h.role, positions)
+                return sorted({n for n in h.only if n in pos and match(n)}, key=pos.__getitem__)
             return [n for n in by_role[h.role] if match(n) and (h.only is None or n in h.only)]
         out = []
         for op in graph.ops:
@@ -355,6 +361,13 @@ def _by_role(graph: Graph) -> dict[str | None, list[str]]:
     for r in ROLES:
         by_role.setdefault(r, [])
     return by_role
+
+
+def _positions(by_role: dict[str | None, list[str]], role: str | None, cache: dict) -> dict[str, int]:
+    """Each tensor's place in ``by_role[role]`` (graph order), made once per role and report."""
+    if role not in cache:
+        cache[role] = {n: k for k, n in enumerate(by_role[role])}
+    return cache[role]
 
 
 @lru_cache(maxsize=1024)
