@@ -1,0 +1,98 @@
+"""The compiler's shortcuts give what the long way gives, on transformers' GPT-2 and Llama (small, meta device):
+
+- an op that ``torch.utils.flop_counter`` cannot count is not run under ``FlopCounterMode``: for every op of
+  the captured graphs, the FLOPs the registry reports equal the counter's own count of that call, and the
+  ops said to count nothing do count zero there (the ranking's FLOP tie-break is unchanged);
+- a tensor-parallel hint restricted to a few names finds its tensors by lookup: the targets equal the
+  glob matched against every tensor of its role, in graph order.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import warnings
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import sbplab as sl
+from sbplab.compiler.deduction.strategy import _by_role
+from sbplab.compiler.training.training_graph import aten_training_graph
+from sbplab.freeze import freeze
+from sbplab.ops.aten.calls import call
+from sbplab.ops.aten.opdef import counts_flops
+from sbplab.ops.registry import get_op
+
+tf = pytest.importorskip("transformers")
+
+
+def _graph(kind: str) -> sl.compiler.ir.Graph:
+    if kind == "gpt2":
+        cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        cls = tf.GPT2LMHeadModel
+    else:
+        cfg = tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, bos_token_id=0,
+                             eos_token_id=0)
+        cls = tf.LlamaForCausalLM
+    with torch.device("meta"):
+        model = cls(cfg).train()
+        ids = torch.zeros(2, 8, dtype=torch.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return aten_training_graph(model, {"input_ids": ids, "labels": ids}, None, None, 1, sl.Adam(lr=1e-3))
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def graph(request):
+    return _graph(request.param)
+
+
+def _counted(op, graph) -> int:
+    """What FlopCounterMode counts for this op's call on meta tensors (the long way)."""
+    metas = [graph.tensors[t].meta for t in op.inputs]
+    with FlopCounterMode(display=False) as counter:
+        call(op.type, op.attrs, [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas],
+             torch.device("meta"))
+    return int(counter.get_total_flops())
+
+
+def test_flops_without_the_counter_equal_the_counters(graph):
+    aten = [op for op in graph.ops if op.type.count(".") == 2]  # captured ops (optimizer ops are sbplab's)
+    skipped = [op for op in aten if not counts_flops(op.type)]
+    assert len(skipped) > len(aten) // 2  # most ops (pointwise, views, losses) skip the counter
+    assert any(counts_flops(op.type) for op in aten)  # and the matmuls do not
+    seen = set()
+    for op in aten:
+        metas = [graph.tensors[t].meta for t in op.inputs]
+        key = (op.type, tuple(metas), freeze(op.attrs))
+        if key in seen:  # identical calls (the two layers) ask the same question
+            continue
+        seen.add(key)
+        reg = get_op(op.type)
+        got = reg.flops(metas, reg.infer(metas, op.attrs), op.attrs)
+        assert got == _counted(op, graph), op.name
+    assert sum(_counted(op, graph) for op in aten if counts_flops(op.type)) > 0
+
+
+def test_hints_on_a_few_names_find_what_a_full_scan_finds(graph):
+    strategy = sl.presets.dp_tp((2, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = strategy.match_report(graph)
+    by_role = _by_role(graph)
+    restricted = [m for m in report.matches if m.hint.only is not None]
+    assert restricted and any(m.targets for m in restricted)
+    for m in report.matches:
+        h = m.hint
+        if h.input_grad is not None:
+            continue
+        if any(c in h.pattern for c in "*?["):
+            want = [n for n in by_role[h.role] if fnmatch.fnmatchcase(n, h.pattern) and (h.only is None or n in h.only)]
+        else:
+            t = graph.tensors.get(h.pattern)
+            ok = t is not None and (h.role is None or t.role == h.role) and (h.only is None or h.pattern in h.only)
+            want = [h.pattern] if ok else []
+        assert m.targets == want, h.describe()
