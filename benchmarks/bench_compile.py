@@ -35,6 +35,7 @@ import time
 import torch
 
 from sbplab.compiler import Adam, add_backward, deduce, from_torch, lower, presets
+from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss, splits_vocabulary
 from sbplab.compiler.lowering.to_actors import lower_to_actors
 from sbplab.compiler.physical.memory import memory_report
 from sbplab.compiler.training.training_graph import aten_training_graph
@@ -94,7 +95,8 @@ def main() -> None:
 
         with torch.device("meta"):
             ids = torch.zeros(args.batch, args.seq, dtype=torch.int64)
-        with whole_capture() if args.whole else contextlib.nullcontext():
+        # as sl.compile captures it: the cross entropy written for vocabulary shards where the strategy splits it
+        with whole_capture() if args.whole else contextlib.nullcontext(), sharded_loss(splits_vocabulary(strategy)):
             graph = aten_training_graph(model, {"input_ids": ids, "labels": ids}, None, None, 1, Adam(lr=1e-4))
         done("ATen capture (export, joint graph) + optimizer")
     else:
