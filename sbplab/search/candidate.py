@@ -29,6 +29,7 @@ class Candidate:
     simulated_time: float | None = None  # sl.simulate's step time, when re-ranked
     simulated_memory: int | None = None
     measured_time: float | None = None  # seconds per step on real workers (``sl.search(measure_on=...)``)
+    sim_floor: float | None = None  # not simulated: sl.simulate would predict at least this (``sim_floor.py``)
     note: str = ""
     bucket_mb: float = DEFAULT_BUCKET_MB  # gradient bucket size (the re-rank may choose another)
     _strategy: Strategy | None = field(default=None, repr=False)

@@ -90,8 +90,12 @@ class Pricer:
     """Prices ops, edges and parameters on one mesh; every price in seconds or bytes per device."""
 
     def __init__(self, graph: Graph, placement: Placement, hw: Hardware,
-                 boxes: BoxPrices | FloorBoxes | None = None, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+                 boxes: BoxPrices | FloorBoxes | None = None, bucket_mb: float = DEFAULT_BUCKET_MB,
+                 work_scale: float = 1.0) -> None:
         self.graph, self.placement, self.hw = graph, placement, hw
+        # compute priced at this fraction of each op's FLOPs and bytes: a floor under a micro-batch of
+        # 1/m of the batch is priced at 1/m (``Space.pre_floor``), without its graph being traced
+        self.work_scale = work_scale
         self.device = device_of(hw)  # a device-free mesh prices its ops on the hardware's device
         self.bucket_bytes = bucket_mb * 2**20  # 0: every gradient reduction runs alone
         self.rank = placement.rank_list[0]
@@ -159,6 +163,8 @@ class Pricer:
         """Forward op on its local shapes, plus its backward ops at the same fraction of their work
         (cached per op structure, ``compute_key``: identical layers are priced once)."""
         key = (op_key if op_key is not None else self.compute_key(op), sig)
+        if self.work_scale != 1.0:
+            key = (*key, self.work_scale)
         t = self._compute.get(key)
         if t is None:
             t = self._compute[key] = self._compute_time(op, sig)
@@ -183,8 +189,9 @@ class Pricer:
             flops = glob_flops * (sum(m.numel for m in lout) / max(1, sum(m.numel for m in outs)))
         nbytes = float(d.bytes_moved(lin, lout))
         key = op_key(op.type, [m.shape for m in lin], dtype, self.placement.device_type or self.device)
-        fwd = self.hw.op_time(key, flops, nbytes, dtype)[0]
         frac = flops / glob_flops if glob_flops > 0 else nbytes / max(1.0, glob_bytes)
+        flops, nbytes, frac = flops * self.work_scale, nbytes * self.work_scale, frac * self.work_scale
+        fwd = self.hw.op_time(key, flops, nbytes, dtype)[0]
         bwd = 0.0
         for b in self.backward_of.get(op.name, ()):
             bd = get_op(b.type)

@@ -30,6 +30,7 @@ from .clock import Clock
 from .measure import ROUNDS as MEASURE_ROUNDS
 from .measure import measure_finalists
 from .result import Predicted
+from .sim_floor import Floors
 from .user_candidates import USER_METHOD
 
 BUCKET_MB_CHOICES = (0.0, 1.0, 4.0, 25.0, 100.0)  # MiB; 0: every gradient reduced on its own
@@ -173,9 +174,13 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, inputs: A
     queue = users + sorted(ranked[:top] + rivals, key=lambda c: c.step_time)
     steps: dict[int, Any] = {}
     left: list[Candidate] = []
+    floors = Floors(hw, measure is None)
     for c in queue:
         if clock is not None and clock.expired():
             left.append(c)
+            tick(c)
+            continue
+        if c.method != USER_METHOD and floors.cannot_win(c):
             tick(c)
             continue
         try:
@@ -186,8 +191,11 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, inputs: A
             continue
         finally:
             tick(c)
-        if memory_limit is None or c.simulated_memory <= memory_limit:
+        within = memory_limit is None or c.simulated_memory <= memory_limit
+        floors.check(c, within)
+        if within:
             simulated.append(c)
+    floors.note(notes)
     if left:
         notes.append(f"the time budget ran out during the re-rank: {len(left)} of {len(queue)} finalists were not "
                      f"simulated ({', '.join(c.label for c in left[:4])}{', ...' if len(left) > 4 else ''}); the "

@@ -38,10 +38,12 @@ class Figure:
     step_time: float  # seconds
     memory: int  # bytes per device (the simulator's peak where simulated, else the analytic model's)
     memory_model: str  # "simulated" or "analytic": measured runs give no memory here
+    at_least: bool = False  # not simulated: ``step_time`` is the floor sl.simulate cannot go below (``sim_floor.py``)
 
     @property
     def label(self) -> str:
-        return self.model if self.memory_model == self.model else f"{self.model}; memory {self.memory_model}"
+        model = f"{self.model} floor" if self.at_least else self.model
+        return model if self.memory_model == self.model else f"{model}; memory {self.memory_model}"
 
 
 MODELS = ("measured", "simulated", "analytic")  # the more trusted first
@@ -55,6 +57,8 @@ def figure_of(c: Candidate, model: str) -> Figure | None:
                       "simulated" if sim_mem else "analytic")
     if model == "simulated" and c.simulated_time is not None:
         return Figure("simulated", c.simulated_time, int(c.simulated_memory or 0), "simulated")
+    if model == "simulated" and c.sim_floor is not None:  # skipped by the re-rank: at least its floor
+        return Figure("simulated", c.sim_floor, c.memory, "analytic", at_least=True)
     if model == "analytic":
         return Figure("analytic", c.step_time, c.memory, "analytic")
     return None
@@ -129,6 +133,7 @@ class SearchResult:
             f = self.figure(c)
             out.append({"strategy": c.describe(), "searched": c is self.best, "user": c.method == "user",
                         "model": f.label, "ms": f.step_time * 1e3, "memory": int(f.memory), "ratio": self.ratio(c),
+                        "at_least": f.at_least,
                         "devices": self.devices_used(c),
                         "analytic_ms": c.step_time * 1e3,
                         "simulated_ms": None if c.simulated_time is None else c.simulated_time * 1e3})
@@ -142,8 +147,9 @@ class SearchResult:
             name = r["strategy"] + (" (chosen)" if r["searched"] else "")
             if self.devices and r["devices"] < self.devices:
                 name += f" [{r['devices']} of {self.devices} devices]"
-            rows.append((name, r["model"], f"{r['ms']:.4g}", fmt_bytes(r["memory"]),
-                         f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"))
+            least = ">=" if r["at_least"] else ""  # not simulated: its floor
+            rows.append((name, r["model"], f"{least}{r['ms']:.4g}", fmt_bytes(r["memory"]),
+                         f"{least}{r['ratio']:.2f}x" if r["ratio"] is not None else "-"))
         w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w[i]) if i < 2 else v.rjust(w[i]) for i, v in enumerate(r)) for r in rows]
         head = (f"sl.search({self.method}) in {self.seconds:.2f} s; chosen by the {self.model} model"

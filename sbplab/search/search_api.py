@@ -14,8 +14,10 @@ contiguous cut of the layers and M micro-batches. Every candidate is priced by o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..compiler.ir import Graph, GraphError
@@ -26,7 +28,7 @@ from .box_prices import BoxPrices
 from .candidate import Candidate
 from .capacity import check_device_bound, device_capacity
 from .clock import Clock
-from .cost import ZERO_LEVELS
+from .cost import ZERO_LEVELS, Pricer
 from .inputs import SearchInputs, check_inputs
 from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
@@ -89,8 +91,48 @@ class Space:
         A micro-batch of 1/m of the batch costs at least 1/m of the whole batch's time per op and per
         edge (FLOPs and activation bytes scale with the batch, weights and latencies do not), and the
         once-per-step gradient work is the same, so the bound of ``stage_floor.py`` with every
-        per-micro-batch term priced at the whole batch and counted (m + S - 1) / m times is below it."""
-        return self.stage_floor(mesh, 1).value(zero, (m + stages - 1) / m) / stages
+        per-micro-batch term priced at the whole batch and counted (m + S - 1) / m times is below it.
+        Tighter where the hardware prices ops by a model (no measured table): each op's compute is priced
+        at 1/m of its FLOPs and bytes (``micro_floor``), which its micro-batch does at least, and a
+        smaller kernel is no more efficient; ZeRO-3's gathers move whole parameters every micro-batch."""
+        return self.micro_floor(mesh, m).value(zero, (m + stages - 1) / m) / stages
+
+    def micro_floor(self, mesh: MeshChoice, m: int) -> StageFloor:
+        """``stage_floor(mesh, 1)`` with each op's compute priced at 1/m of its work (``Pricer.work_scale``)
+        and gathers counted per micro-batch, both times m: over (m + S - 1) / m rounds, (m + S - 1) micro-batch
+        ops and gathers. The batch's own prices where the hardware has a measured op table (keyed by the
+        batch's shapes, so a scaled op would be priced as the whole one)."""
+        key = (mesh, -m)
+        if key not in self._floors:
+            self._floors[key] = StageFloor(self._micro_ops(mesh, m), self.stage_floor(mesh, 1).edges)
+        return self._floors[key]
+
+    def real_pre_floor(self, mesh: MeshChoice, stages: int, m: int, zero: int) -> float:
+        """``pre_floor`` with the edges of the one-micro-batch graph at their real prices (``problem(mesh)``),
+        still no graph of ``m`` micro-batches traced: a boxing of 1/m of a tensor takes at least 1/m of the
+        whole one's time (each route's latency is paid whole, its bandwidth term on 1/m of the bytes)."""
+        key = (mesh, -m, "real")
+        if key not in self._floors:
+            self._floors[key] = StageFloor(self._micro_ops(mesh, m), self.problem(mesh).edges)
+        return self._floors[key].value(zero, (m + stages - 1) / m) / stages
+
+    def _micro_ops(self, mesh: MeshChoice, m: int) -> list:
+        """The one-micro-batch graph's ops on ``mesh`` with compute at 1/m of the work and gathers per
+        micro-batch, both times m (``micro_floor``); the batch's own where the hardware has a measured table."""
+        done = self._problems.get((mesh, 1))
+        base = done if done is not None else self.priced_ops(mesh, 1)  # its ops: priced once either way
+        if m == 1 or self.hw.op_times:
+            return base.ops
+        pricer = Pricer(base.graph, mesh.placement(), base.hw, self.boxes, work_scale=1.0 / m)
+        scaled: dict[int, tuple[np.ndarray, dict[int, np.ndarray]]] = {}  # identical layers share arrays
+        ops = []
+        for o in base.ops:
+            got = scaled.get(id(o.compute))
+            if got is None:
+                got = scaled[id(o.compute)] = (np.array([pricer.compute_time(o.op, s) for s in o.sigs]) * m,
+                                               {z: g * m for z, g in o.gather.items()})
+            ops.append(replace(o, compute=got[0], gather=got[1]))
+        return ops
 
     def problem(self, mesh: MeshChoice, m: int = 1) -> OpProblem:
         key = (mesh, m)
@@ -396,8 +438,9 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
         if clock.expired():
             break
         kth = _kth_best(found + out, memory_limit, keep)
-        try:  # the micro-batch graph is traced only for a space its first floor lets win
-            floor = space.stage_floor(mesh, M).value(z, M + S - 1) / S if bound < kth else float("inf")
+        try:  # the micro-batch graph is traced only for a space its first two floors let win
+            real1 = space.real_pre_floor(mesh, S, M, z) if bound < kth else float("inf")
+            floor = space.stage_floor(mesh, M).value(z, M + S - 1) / S if real1 < kth else float("inf")
         except (ValueError, GraphError):
             report.step("pipelines")
             continue

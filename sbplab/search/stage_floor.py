@@ -39,7 +39,7 @@ class StageFloor:
     """``value(zero, rounds)``: the bound above, before dividing by S (``rounds`` = M + S - 1)."""
 
     def __init__(self, ops: list[OpSpace], edges: list[Edge]) -> None:
-        self.ops = ops
+        self.ops, self.edges = ops, edges
         blocks = blocks_of(ops)
         block_of = {k: b for b, ks in enumerate(blocks) for k in ks}
         inside: list[list[Edge]] = [[] for _ in blocks]

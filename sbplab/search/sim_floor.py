@@ -1,0 +1,140 @@
+"""A floor under a candidate's simulated step time, from its forward ops alone: the re-rank skips the
+compile and simulation of a candidate whose floor is already above the best simulated step time.
+
+Why: at 64 ranks one compile and simulation takes seconds, and the re-rank runs one per preset; most
+presets cannot come near the winner. What makes the floor a floor: ``sl.simulate`` runs one compute lane
+per rank, one firing at a time, and prices a compute firing as ``hw.op_time`` of the op on its local
+input shapes, with the registry's FLOPs on local shapes and the bytes of its local inputs and outputs
+(``sim/firing_cost.py``). Every forward op of the candidate is such a firing, once per micro-batch, on
+every rank of its stage, with the local shapes its signature gives; backward ops, updates, boxing and
+firing overheads only add to the lane. So over a long run a step takes at least, on its busiest stage,
+
+    micro_batches x sum over the stage's forward ops of hw.op_time(op, local shapes).
+
+``sl.simulate`` reports the mean of a short window (from the end of step 0 to the end of step 2), and a
+rank may begin its next step's first ops before the last firing of step 0 (on any rank) ends, so that
+window can come out a little below the long-run figure (1.1% below the floor for GPT-2 small under
+Megatron tensor parallel on 8 H100; 0.4% with 6 steps). So a candidate is skipped only when its floor
+is more than ``MARGIN`` above the best simulated step time.
+
+The floor is priced the simulator's way, not the search's (which prices bytes by the op registry's own
+count and backward ops by a roofline). A hardware with measured op times gets no floor (0): a table
+key the search and the runtime name differently would price one op two ways. The re-rank checks the
+floor on every candidate it does simulate, and stops skipping if one ever came out below it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compiler.deduction.caches import freeze
+from ..hardware import Hardware, op_key
+from ..ops.registry import TensorMeta, get_op, local_context
+from ..sim.firing_cost import device_of
+from .candidate import Candidate
+
+MARGIN = 0.05  # how far below its floor the simulator's 3-step window may put a step (see above), and more
+
+
+def _local_time(op, sig, graph, placement, hw: Hardware, device: str, cache: dict) -> float:
+    key = (op.type, tuple(graph.tensors[i].meta for i in op.inputs), freeze(op.attrs), sig)
+    got = cache.get(key)
+    if got is not None:
+        return got
+    d = get_op(op.type)
+    ins = [graph.tensors[i].meta for i in op.inputs]
+    outs = [graph.tensors[o].meta for o in op.outputs]
+    ctx = local_context(d, ins, dict(op.attrs), sig, placement, placement.rank_list[0])
+    if ctx is None:
+        cache[key] = 0.0
+        return 0.0
+    lin = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, ins)]
+    lout = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.out_blocks, outs)]
+    try:
+        flops = float(d.flops(lin, lout, d.localize(dict(op.attrs), ctx)))
+    except Exception:  # noqa: BLE001 - the simulator counts such a kernel's bytes only
+        flops = 0.0
+    moved = sum(m.numel * m.dtype.itemsize for m in (*lin, *lout))
+    metas = lin or lout
+    dtype = metas[0].dtype if metas else None
+    t = hw.op_time(op_key(op.type, [m.shape for m in lin], dtype or "float32", device), flops, moved, dtype)[0]
+    cache[key] = float(t)
+    return float(t)
+
+
+def sim_floor(c: Candidate, hw: Hardware, cache: dict | None = None) -> float:
+    """Seconds per step ``sl.simulate`` cannot go below for ``c`` (see the module docstring); 0 where the
+    hardware has measured op times or an op's local shapes cannot be read."""
+    if hw.op_times:
+        return 0.0
+    pr = c.problem
+    view = c.mesh.hardware(hw)
+    placement = c.mesh.placement()
+    device = placement.device_type or device_of(view)
+    cache = ({} if cache is None else cache).setdefault((c.mesh, device), {})  # prices per mesh and device
+    per_stage = np.zeros(max(1, c.n_stages))
+    try:
+        for k, o in enumerate(pr.ops):
+            s = c.stage_of_op[k] if c.stage_of_op else 0
+            per_stage[s] += _local_time(o.op, o.sigs[c.assign[k]], pr.graph, placement, view, device, cache)
+    except (ValueError, KeyError, IndexError, TypeError):  # a layout the registry cannot localise: no floor
+        return 0.0
+    return float(per_stage.max()) * c.micro_batches
+
+
+class Floors:
+    """The re-rank's use of ``sim_floor``: which candidates it need not simulate, checked as it goes.
+
+    A searched finalist is skipped when its floor is above the best step time simulated so far within the
+    memory limit (it cannot win); a preset only when its floor is also above the best simulated preset (it
+    cannot be the best preset a table names either), in both cases by more than ``MARGIN``. The user's
+    candidates are always simulated. Each
+    skipped candidate keeps its floor (``Candidate.sim_floor``): tables show it as "at least". Not used
+    when the finalists are measured (then the measured time decides, not the simulated one)."""
+
+    def __init__(self, hw: Hardware, active: bool = True) -> None:
+        self.hw, self.active = hw, active and not hw.op_times
+        self.cache: dict = {}
+        self.best = float("inf")  # best simulated step time within the memory limit
+        self.best_preset = float("inf")  # best simulated preset, whatever its memory
+        self.skipped: list[Candidate] = []
+        self.broken = ""
+
+    def cannot_win(self, c: Candidate) -> bool:
+        if not self.active:
+            return False
+        ref = max(self.best, self.best_preset) if c.method == "preset" else self.best
+        if ref == float("inf"):
+            return False
+        f = sim_floor(c, self.hw, self.cache)
+        if f * (1 - MARGIN) > ref:
+            c.sim_floor = f
+            self.skipped.append(c)
+            return True
+        return False
+
+    def check(self, c: Candidate, within_limit: bool) -> None:
+        """Record ``c``'s simulated time; if it came out below its floor, stop skipping (and say so)."""
+        t = float(c.simulated_time)
+        if within_limit:
+            self.best = min(self.best, t)
+        if c.method == "preset":
+            self.best_preset = min(self.best_preset, t)
+        if self.active:
+            f = sim_floor(c, self.hw, self.cache)
+            if t < f * (1 - MARGIN):
+                self.active = False
+                self.broken = (f"{c.describe()} simulated at {t * 1e3:.4g} ms/step, more than {MARGIN:.0%} below "
+                               f"its floor of {f * 1e3:.4g} ms: no further finalist was skipped by its floor")
+
+    def note(self, notes: list[str]) -> None:
+        if self.skipped:
+            names = ", ".join(f"{c.label} (at least {c.sim_floor * 1e3:.4g} ms)" for c in self.skipped[:6])
+            more = f", and {len(self.skipped) - 6} more" if len(self.skipped) > 6 else ""
+            n = len(self.skipped)
+            notes.append(f"{n} finalist{'s' if n > 1 else ''} not simulated: {names}{more}. Forward ops alone, "
+                         f"priced as sl.simulate prices them on the busiest stage, take over {MARGIN:.0%} longer "
+                         f"than the best step time simulated (a preset's, also than the best simulated preset), "
+                         f"so they could not have been chosen")
+        if self.broken:
+            notes.append(self.broken)
