@@ -112,7 +112,7 @@ def coverage(step: Any) -> Coverage:
     return out
 
 
-def _arriving(op: Any, d: Any) -> tuple:
+def arriving(op: Any, d: Any) -> tuple:
     """Each input's layout as it reaches the op: stored, or after a ZeRO use gather (FSDP does that one)."""
     c = d.choices[op.name]
     out = []
@@ -135,7 +135,7 @@ def _verdict(op: Any, g: Any, d: Any, ask: _Asker) -> OpVerdict:
             v.dtensor = "a plain tensor, replicated"
         return v
     try:
-        got = ask(op, metas, _arriving(op, d))
+        got = ask(op, metas, arriving(op, d))
         if _agrees(got, sig):
             v.kind = "dtensor"
             return v

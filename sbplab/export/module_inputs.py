@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sbp import Partial, Split
+from .coverage import arriving
 from .placements import DTensorPlacement, placements_of
 
 
@@ -45,13 +46,6 @@ class ModuleInput:
 
 def _inside(module: str, m: str) -> bool:
     return module == m or module.startswith(m + ".")
-
-
-def _arriving(d: Any, op: Any, i: int, t: str) -> tuple:
-    """The layout input ``i`` of ``op`` reaches it in: stored, or after a ZeRO use gather (FSDP's)."""
-    r = d.choices[op.name].reads[i]
-    b = d.boxings[r] if r is not None else None
-    return tuple(b.dst_sbp if b is not None and b.kind == "use" else b.src_sbp if b is not None else d.sbp[t])
 
 
 def _redistributable(nd: tuple) -> bool:
@@ -86,7 +80,7 @@ def module_inputs(g: Any, d: Any, skip_modules: list[str], skip_types: tuple[str
             continue
         (want,) = layouts
         op, i = readers[(m, t)][0]
-        if want != _arriving(d, op, i, t) and _redistributable(want):
+        if want != arriving(op, d)[i] and _redistributable(want):
             cands[(m, t)] = want
     # the outermost qualifying module prepares t for every reader inside it
     chosen = {(m, t): w for (m, t), w in cands.items()
@@ -94,8 +88,8 @@ def module_inputs(g: Any, d: Any, skip_modules: list[str], skip_types: tuple[str
     out = []
     for (m, t), want in chosen.items():
         shape = tuple(g.tensors[t].meta.shape)
-        if any(m2 == m and t2 != t and tuple(g.tensors[t2].meta.shape) == shape for m2, t2 in chosen):
-            continue  # two inputs of one shape: the argument could not be told apart
+        if any(m2 == m and t2 != t and tuple(g.tensors[t2].meta.shape) == shape for m2, t2 in reads):
+            continue  # another input of the module has this shape: the argument could not be told apart
         out.append(ModuleInput(m, shape, placements_of(want), (), t))
     # an op runs as sbplab does once every input whose layout it changes arrives prepared
     prepared = {(mi.tensor, mi.module) for mi in out}
@@ -105,7 +99,7 @@ def module_inputs(g: Any, d: Any, skip_modules: list[str], skip_types: tuple[str
         for op, _i in readers[(mi.module, mi.tensor)]:
             ok = True
             for j, u in enumerate(op.inputs):
-                if tuple(d.choices[op.name].signature.inputs[j]) == _arriving(d, op, j, u):
+                if tuple(d.choices[op.name].signature.inputs[j]) == arriving(op, d)[j]:
                     continue
                 if not any(u == pt and _inside(op.module, pm) for pt, pm in prepared):
                     ok = False
