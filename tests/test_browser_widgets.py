@@ -561,7 +561,8 @@ COLUMNS_JS = """(pg) => [...pg.querySelectorAll(".pg-layout")].map((box) => ({ b
 
 def test_widgets_are_readable_in_light_and_dark_themes(lab_page):
     """Every widget, in every state the test drives (a run's results, then stale under a changed strategy,
-    a search's highlighted row, an error, 16 ranks), keeps 4.5:1 contrast and text of 9 px or more, in
+    a search's highlighted row, an error, 16 ranks), keeps 4.5:1 contrast (SVG text against what it is
+    drawn on included) and text of 9 px or more, in
     JupyterLab's light and dark themes; a notebook picture on the same page keeps its own layout; the
     timeline figure draws on the theme; 16-rank layout pictures fit their columns and the 16-rank physical
     graph draws its alike ranks once, labelled by their ranks."""
@@ -592,14 +593,20 @@ def test_widgets_are_readable_in_light_and_dark_themes(lab_page):
             light = theme.endswith("Light")
             shot = f"all_widgets_{'light' if light else 'dark'}.png"
             set_theme(page, theme)
-            checked, weak, small = 0, [], []
+            checked, weak, small, svg_texts = 0, [], [], 0
             for root in page.locator(".sbplab-widget").all():
                 for r in root.evaluate(CONTRAST_JS):
                     checked += 1
                     if r["ratio"] < 4.5:
                         weak.append(r)
                 small += [f for f in root.evaluate(FONT_JS) if f["px"] < 9 - 0.01]
-            assert checked > 100, checked
+            # the SVG text of the widgets' pictures and charts and of the notebook picture beside them
+            for root in page.locator(".jp-OutputArea-output").all():
+                for r in root.evaluate(SVG_CONTRAST_JS):
+                    checked, svg_texts = checked + 1, svg_texts + 1
+                    if r["ratio"] < 4.5:
+                        weak.append(r)
+            assert checked > 100 and svg_texts > 50, (checked, svg_texts)
             assert not weak, f"{len(weak)} of {checked} texts below 4.5:1 in {theme}: {weak[:8]}"
             assert not small, f"{len(small)} texts under 9 px (16 ranks included): {small[:8]}"
             pic = page.evaluate(PICTURE_JS)
