@@ -9,7 +9,9 @@ The cluster stays up between runs (``close()`` stops it). Failures become the ``
 
 Before a run the panel shows the simulator's prediction for the strategy (step time, peak memory
 per rank) on ``hardware``: ``Hardware.cpu_box()``, the editor's Hardware, or a calibrated one given
-to it; after a workers run, the measured step time beside it and the prediction's error. With an
+to it; after a workers run, the measured step time beside it and the prediction's error, or, for a
+prediction on another kind of machine than the run's (an H100 node beside CPU workers), that the two
+are not comparable (``prediction_view.machine_mismatch``): no error figure. With an
 editor that predicts after every change, the panel takes the editor's prediction instead of
 simulating again.
 """

@@ -3,7 +3,7 @@
 The notebook pictures of ``sbplab.viz`` are plotly figures; a widget's small charts instead are plain
 SVG text from Python (no charting library in the page), built from the same numbers: ``memory_parts``
 and ``comm_by_rank``. Every mark carries a ``<title>`` so hovering shows the exact figure. (A run's
-timeline is the plotly figure itself: the RunPanel shows ``sl.timeline``'s FigureWidget.)
+timeline is the plotly figure itself: the RunPanel shows ``sl.timeline``'s output in an Output widget.)
 
 Text, axes and grid lines are drawn in ``currentColor`` (lighter ones through opacity), so the chart
 takes the text colour of the page around it: JupyterLab's ``--jp-ui-font-color1`` in a widget, light
