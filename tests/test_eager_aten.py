@@ -112,6 +112,20 @@ NAMED = [
     ("scale", {"factor": 0.5}, lambda x: x * 0.5, [_gen(8, 6)], [((P, S(1)),)]),
     ("add_scalar", {"value": 0.5}, lambda x: x + 0.5, [_gen(8, 6)], [((S(0), S(1)),), ((P, B),)]),
     ("view", {"shape": (48,)}, lambda x: x.reshape(48), [_gen(8, 6)], [((S(0), B),)]),
+    # the global tensor's methods the ten cases above leave out
+    ("sub", {}, lambda a, b: a - b, [_gen(8, 6), _gen(6)], [((P, S(1)), (P, S(0)))]),
+    ("mul", {}, lambda a, b: a * b, [_gen(8, 6), _gen(8, 6)], [((P, B), (B, S(1)))]),
+    ("neg", {}, lambda x: -x, [_gen(8, 6)], [((sl.P("max"), S(1)),)]),
+    ("tanh", {}, torch.tanh, [_gen(8, 6)], [((S(1), P),)]),
+    ("exp", {}, torch.exp, [_gen(8, 6)], [((S(0), S(1)),)]),
+    ("gelu", {"approximate": "tanh"}, lambda x: F.gelu(x, approximate="tanh"), [_gen(8, 6)], [((P, S(0)),)]),
+    ("mean", {"dims": (1,)}, lambda x: x.mean(1), [_gen(8, 6)], [((S(1), S(0)),), ((P, B),)]),  # sum, div
+    ("permute", {"dims": (2, 0, 1)}, lambda x: x.permute(2, 0, 1), [_gen(2, 4, 6)], [((S(2), P),)]),
+    ("slice", {"dim": 1, "start": 1, "stop": 5, "step": 2}, lambda x: x[:, 1:5:2], [_gen(8, 6)],
+     [((S(0), S(1)),)]),
+    ("matmul", {}, lambda x, w: x @ w, [_gen(2, 4, 6), _gen(6, 3)],  # view, mm, _unsafe_view
+     [((S(0), B), (B, S(1))), ((S(2), B), (S(0), B))]),
+    ("max", {"dim": 0}, lambda x: torch.amax(x, 0), [_gen(8, 6)], [((S(0), P),)]),
 ]
 
 
@@ -128,7 +142,8 @@ class _Sum(nn.Module):
 
 @pytest.mark.parametrize("name,attrs,fn,inputs,sbps", NAMED, ids=[f"{c[0]}-{len(c[3][0].shape)}d" for c in NAMED])
 def test_every_named_eager_op_runs_the_captured_ops_with_the_compiled_choices(name, attrs, fn, inputs, sbps):
-    """``sl.apply(name, ...)`` runs the forward ATen ops the capture records for the torch function (same
+    """Every name ``sl.apply`` takes but sbplab's optimizer updates (those are sbplab ops in a compiled step
+    too, one rule): ``sl.apply(name, ...)`` runs the forward ATen ops the capture records for the torch function (same
     overloads, in order); each of them picks, for the SBPs its inputs arrive in, the signature the compiler
     deduces for a graph of that op alone; the value equals torch."""
     g, _ = capture_aten(_Sum(fn), tuple(inputs), {})

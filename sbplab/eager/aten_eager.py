@@ -37,11 +37,11 @@ def _matmul(metas: list[TensorMeta]) -> list[AtenStep]:
     a, b = metas[0].shape, metas[1].shape
     if len(a) == 2 and len(b) == 2:
         return _one("aten.mm.default", Slot(0), Slot(1))
-    if len(b) == 2 and len(a) > 2:  # torch: (..., m, k) viewed as (M, k), mm, viewed back
+    if len(b) == 2 and len(a) > 2:  # torch: (..., m, k) viewed as (M, k), mm, viewed back (_unsafe_view)
         lead = a[:-1]
         return [AtenStep("aten.view.default", (Slot(0), (math.prod(lead), a[-1]))),
                 AtenStep("aten.mm.default", (Slot(2), Slot(1)), main=True),
-                AtenStep("aten.view.default", (Slot(3), (*lead, b[-1])))]
+                AtenStep("aten._unsafe_view.default", (Slot(3), (*lead, b[-1])))]
     return _one("aten.matmul.default", Slot(0), Slot(1))
 
 
