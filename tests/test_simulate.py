@@ -342,7 +342,9 @@ def test_simulating_ranks_alike_once_changes_nothing(monkeypatch, strategy, clas
     hw = sl.Hardware.cpu_box()
     merged = sl.simulate(c, hw)
     assert len(merged.classes) == classes
-    monkeypatch.setattr(predict, "rank_classes", lambda plan, costs, shapes: {r: [r] for r in plan.ranks})
+    alone = lambda plan, *args: {r: [r] for r in plan.ranks}  # noqa: E731
+    monkeypatch.setattr(predict, "rank_classes", alone)
+    monkeypatch.setattr(predict, "alike_ranks", alone)  # and every rank's shapes and costs its own
     every = sl.simulate(c, hw)
     assert len(every.classes) == len(every.plan.ranks)
     assert merged.step_time == pytest.approx(every.step_time, rel=1e-12)

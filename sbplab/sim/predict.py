@@ -21,6 +21,7 @@ from ..ops.registry import TensorMeta
 from ..runtime.actor_plan import ActorPlan
 from ..runtime.fusion import fuse_chains
 from ..runtime.specs import State
+from .alike import alike_ranks, rank_orders, renamed
 from .comm_time import CommInfo
 from .engine import Engine
 from .firing_cost import FiringCost, comm_cost, compute_cost, device_of
@@ -124,10 +125,10 @@ def simulate_plan(plan: ActorPlan, hw: Hardware, *, steps: int = 3, batch: Mappi
 
 
 def _add_recompute(plan: ActorPlan, costs: dict[int, list[FiringCost]], redo: frozenset) -> None:
-    """Per rank, the kernel seconds of the forward actors the backward repeats, spread over the rank's
-    backward kernels in proportion to their own (the recomputation runs inside the backward)."""
-    for r, rp in plan.ranks.items():
-        row = costs[r]
+    """Per rank of ``costs``, the kernel seconds of the forward actors the backward repeats, spread over the
+    rank's backward kernels in proportion to their own (the recomputation runs inside the backward)."""
+    for r, row in costs.items():
+        rp = plan.ranks[r]
         extra = sum(row[i].seconds - row[i].overhead for i, a in enumerate(rp.actors) if (r, a.name) in redo)
         back = [i for i, a in enumerate(rp.actors) if a.lane != "comm" and a.phase == "backward"
                 and (row[i].measured or row[i].modelled)]
@@ -142,9 +143,11 @@ def _add_recompute(plan: ActorPlan, costs: dict[int, list[FiringCost]], redo: fr
 
 def _add_optimizer_traffic(plan: ActorPlan, costs: dict[int, list[FiringCost]], shapes: dict, hw: Hardware,
                            device: str, per_param: float) -> None:
-    """Per rank, the seconds of ``per_param`` bytes per parameter element it keeps (a framework's optimizer
-    traffic beyond the graph's update), spread over the rank's update kernels in proportion to their own."""
-    for r, rp in plan.ranks.items():
+    """Per rank of ``costs``, the seconds of ``per_param`` bytes per parameter element it keeps (a framework's
+    optimizer traffic beyond the graph's update), spread over the rank's update kernels in proportion to their
+    own."""
+    for r in costs:
+        rp = plan.ranks[r]
         states = {a.name for a in rp.actors if isinstance(a, State)}
         params = {x.actor for a in rp.actors if a.phase != "update" for x in a.inputs if x.actor in states}
         numel = sum(m.numel for name in params for m in shapes[r][name].outputs)  # parameters: read outside the update
@@ -171,7 +174,11 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     shapes, sent, costs, busy_extra = {}, {}, {}, {}
     shape_cache: dict = {}
     cost_cache: dict = {}
-    for r, rp in plan.ranks.items():
+    redo = pricing.recomputed if pricing is not None else frozenset()
+    orders = rank_orders(plan)
+    alike = alike_ranks(plan, M, batch, known, hw, redo, orders)  # shapes and costs: once per alike group
+    for r in alike:
+        rp = plan.ranks[r]
         shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
         row_c: list[FiringCost] = []
         for a in rp.actors:
@@ -179,13 +186,20 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
             row_c.append(comm_cost(a, r, sh, hw, known, low) if a.lane == "comm"
                          else compute_cost(a, sh, hw, device, cost_cache, low))
         costs[r] = row_c
-        busy_extra[r] = [c.busy_extra for c in row_c]
-        sent[r] = [c.nbytes for c in row_c]
-    if pricing is not None and pricing.recomputed:
-        _add_recompute(plan, costs, pricing.recomputed)
+    if redo:
+        _add_recompute(plan, costs, redo)
     if framework is not None and framework.optimizer_bytes_per_param > 0:
         _add_optimizer_traffic(plan, costs, shapes, hw, device, framework.optimizer_bytes_per_param)
-    classes = rank_classes(plan, costs, shapes)
+    rep_alike = {m: r for r, ms in alike.items() for m in ms}
+    costs = {r: costs[r] if rep_alike[r] == r else list(costs[rep_alike[r]]) for r in plan.ranks}
+    for r, row_c in costs.items():
+        busy_extra[r] = [c.busy_extra for c in row_c]
+        sent[r] = [c.nbytes for c in row_c]
+    classes = rank_classes(plan, costs, shapes, alike, orders)
+    for r in classes:  # a class's lowest rank may not be its alike group's: its shapes under its own names
+        if r not in shapes:
+            q = rep_alike[r]
+            shapes[r] = renamed(plan.ranks[q].actors, plan.ranks[r].actors, shapes[q])
     for r in classes:  # the ranks simulated: the runtime fires a fused chain as one actor, so its parts
         row_c = costs[r]  # after the first pay no firing overhead
         for i in {i for chain in fuse_chains(plan.ranks[r].actors)[1] for i in chain[1:]}:

@@ -24,7 +24,8 @@ from .firing_cost import FiringCost
 from .shapes import ActorShapes, nbytes
 
 
-def _signature(plan: ActorPlan, r: int, costs: list[FiringCost], shapes: dict[str, ActorShapes]) -> tuple:
+def _signature(plan: ActorPlan, r: int, costs: list[FiringCost], shapes: dict[str, ActorShapes],
+               order: list[tuple[str, int]]) -> tuple:
     actors = plan.ranks[r].actors
     pos = {a.name: i for i, a in enumerate(actors)}
     rows = []
@@ -35,8 +36,7 @@ def _signature(plan: ActorPlan, r: int, costs: list[FiringCost], shapes: dict[st
                      tuple(nbytes(m) for m in shapes[a.name].outputs),
                      (pos[upd.actor], upd.index) if upd is not None else None,
                      len(a.group) if isinstance(a, Collective) else 0))
-    order = tuple((pos[name], m) for name, m in plan.rank_order(r))
-    return (tuple(rows), order)
+    return (tuple(rows), tuple((pos[name], m) for name, m in order))
 
 
 def _partners(plan: ActorPlan, r: int, lookup: Lookup) -> list[tuple[tuple[int, int], ...]]:
@@ -55,10 +55,20 @@ def _ids(sigs: dict[int, tuple]) -> dict[int, int]:
     return {r: number.setdefault(sig, len(number)) for r, sig in sigs.items()}
 
 
-def rank_classes(plan: ActorPlan, costs: dict[int, list[FiringCost]],
-                 shapes: dict[int, dict[str, ActorShapes]]) -> dict[int, list[int]]:
-    """Representative (lowest) rank -> every rank of its class, ranks in order."""
-    cls = _ids({r: _signature(plan, r, costs[r], shapes[r]) for r in plan.ranks})
+def rank_classes(plan: ActorPlan, costs: dict[int, list[FiringCost]], shapes: dict[int, dict[str, ActorShapes]],
+                 alike: dict[int, list[int]] | None = None,
+                 orders: dict[int, list[tuple[str, int]]] | None = None) -> dict[int, list[int]]:
+    """Representative (lowest) rank -> every rank of its class, ranks in order.
+
+    ``alike`` (``alike.alike_ranks``): ranks known to share their signature, so it is made for the first of
+    each group (the only ones ``shapes`` needs); None: every rank on its own. ``orders``: each rank's
+    communication order (``alike.rank_orders``), else taken from the plan."""
+    alike = alike if alike is not None else {r: [r] for r in plan.ranks}
+    sig = {}
+    for r, members in alike.items():
+        s = _signature(plan, r, costs[r], shapes[r], orders[r] if orders is not None else plan.rank_order(r))
+        sig.update((m, s) for m in members)
+    cls = _ids({r: sig[r] for r in plan.ranks})
     lookup = Lookup(plan)
     partners = {r: _partners(plan, r, lookup) for r in plan.ranks}
     while True:  # refine by the classes and positions of the partners until nothing splits

@@ -34,6 +34,9 @@ def narrow_piece(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor,
     return (torch.cat([x.narrow(d, j * c + a, n) for j in range(k)], dim=d),)
 
 
+narrow_piece.where_attrs = ("start",)  # type: ignore[attr-defined]  # where the piece lies, not its size (sim/alike.py)
+
+
 def to_partial(inputs: list[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
     """B or S(dim) -> P on one rank.
 

@@ -43,12 +43,17 @@ def gradients_into_buckets(actors: list[Actor]) -> None:
     packs = [a for a in actors if isinstance(a, Compute) and a.op == PACK and a.into is not None]
     if not packs:
         return
-    by_name = {a.name: a for a in actors}
+    names = {ref.actor for pack in packs for ref in pack.inputs}  # only the readers of these are counted
+    by_name: dict[str, Actor] = {}
     readers: Counter[Ref] = Counter()
     for a in actors:
-        readers.update(a.inputs)
+        if a.name in names:
+            by_name[a.name] = a
+        for x in a.inputs:
+            if x.actor in names:
+                readers[x] += 1
         upd = getattr(a, "update", None)
-        if upd is not None:
+        if upd is not None and upd.actor in names:
             readers[upd] += 1
     for pack in packs:
         slot = pack.into

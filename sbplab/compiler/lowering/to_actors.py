@@ -76,6 +76,7 @@ class _Lowering:
         self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
         self.refs: dict[tuple[int, int], Ref] = {}  # (node, output) -> its register
+        self.coll_attrs: dict[tuple, dict] = {}  # (plan step, group, input shape) -> the Collective's fields
 
     def initial_shard(self, name: str, rank: int, block: Block) -> torch.Tensor | Zeros:
         """This rank's start value of ``name``, whose source node holds ``block`` (``local_block`` of
@@ -194,8 +195,11 @@ class _Lowering:
         """One member of a group collective: the kind says the actor's fields and the bytes it sends."""
         step = n.attrs["plan_step"]
         group = tuple(n.attrs["group"])
-        shape = self.graph.tensors[n.logical].shape
-        kw = step.kind_obj.collective_attrs(step, group, n.in_shapes[0], shape)
+        key = (id(step), group, n.in_shapes[0])  # the members of a group ask alike (a step lives as long as phys)
+        kw = self.coll_attrs.get(key)
+        if kw is None:
+            shape = self.graph.tensors[n.logical].shape
+            kw = self.coll_attrs[key] = step.kind_obj.collective_attrs(step, group, n.in_shapes[0], shape)
         if n.collective is None:
             raise PlanError(f"node n{n.id} ({n.op}) has no entry in the collective order")
         self.name[n.id] = f"c{n.collective}"

@@ -1,0 +1,140 @@
+"""Ranks whose shapes and costs are the same, found before either is worked out.
+
+Why: at 64-128 ranks, inferring every register's shape and pricing every firing on every rank was most
+of a simulation, though a data x tensor layout has a handful of distinct ranks. Two ranks are *alike*
+when their actors match position by position in everything shape inference (``shapes.py``), pricing
+(``firing_cost.py``, the step's recomputation and a framework's optimizer traffic) and the symmetry
+signature (``symmetry._signature``) read, except the names of actors and of the ranks they talk to:
+kind, op, local attributes, wiring by position, registers, scope, phase, a source's local shard, a
+state's shard, a receive's shape, a collective's fields and position in its group, and the link each
+communication crosses (on a ``Machine`` the ranks a group spans set its speed). So the shapes and costs
+of one rank of each alike group are those of every member, position by position; the simulator works
+them out once per group. Any difference keeps ranks apart, so this changes how much work is done, never
+a result. (The symmetry classes, ``symmetry.rank_classes``, also ask who talks to whom; being alike
+only says that the rank's own work is the same.)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from ..hardware import Hardware
+from ..machine import Machine
+from ..ops.registry import TensorMeta
+from ..runtime.actor_plan import ActorPlan
+from ..runtime.specs import Accumulate, Collective, Compute, Recv, Send, Source, State
+from .comm_time import CommInfo, _attr_bytes
+from .shapes import _cost_attrs, _source_meta, hashable_attrs, kernel_of
+
+
+def rank_orders(plan: ActorPlan) -> dict[int, list[tuple[str, int]]]:
+    """Every rank's communication firings of one step in issue order (``plan.rank_order`` for all ranks in
+    one pass over the global order)."""
+    out: dict[int, list[tuple[str, int]]] = {r: [] for r in plan.ranks}
+    for s in plan.comm_order or ():
+        out.setdefault(s.rank, []).append((s.actor, s.micro))
+    return out
+
+
+class _Links:
+    """The link a communication crosses, as its price depends on it: on a ``Machine``, the (alpha, bytes/s)
+    of the ranks it spans, quiet and busy; elsewhere the mesh axis and group size say it (None)."""
+
+    def __init__(self, hw: Hardware) -> None:
+        self.machine = hw if isinstance(hw, Machine) else None
+        self.seen: dict[tuple, object] = {}
+
+    def __call__(self, kind: str, axis: int | None, group: tuple[int, ...]) -> object:
+        if self.machine is None or len(group) <= 1:
+            return None
+        key = (kind, axis, group)
+        v = self.seen.get(key)
+        if v is None:
+            v = self.seen[key] = (self.machine.collective_alpha_beta(kind, axis, group),
+                                  self.machine.collective_alpha_beta(kind, axis, group, True))
+        return v
+
+
+_SAME_OUTPUT = ("all_reduce", "broadcast", "all_gather")  # the output's shape is the same for every member
+
+
+def _member(a: Collective, r: int) -> int:
+    """Rank r's position in ``a``'s group where its output shape or bytes may depend on it, else -1: the
+    plan names the bytes (the lowering sets them) and the kind's output is alike for every member, or
+    every piece is the same size."""
+    if a.bytes_sent is None:
+        return a.group.index(r)
+    if a.kind_ in _SAME_OUTPUT:
+        return -1
+    even = a.sizes is not None and len(set(a.sizes)) <= 1 and (a.cat_sizes is None or len(set(a.cat_sizes)) <= 1)
+    return -1 if even else a.group.index(r)
+
+
+@functools.cache
+def _where_attrs(op: str) -> tuple[str, ...]:
+    try:
+        return tuple(getattr(kernel_of(op), "where_attrs", ()))
+    except (ImportError, AttributeError, KeyError, ValueError):
+        return ()  # no such kernel: shape inference says so
+
+
+def _compute_attrs(a: Compute) -> object:
+    """A kernel's attributes as its shapes and cost see them: less those that only say where its piece lies
+    (``where_attrs`` of a plain kernel, e.g. ``narrow_piece``'s start) and a random op's stream."""
+    attrs = _cost_attrs(a.attrs)
+    where = _where_attrs(a.op) if ":" in a.op else ()
+    if where and isinstance(attrs, dict):
+        attrs = {k: v for k, v in attrs.items() if k not in where}
+    return hashable_attrs(attrs)
+
+
+def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo],
+              redo: frozenset, links: _Links, order: list[tuple[str, int]]) -> tuple:
+    actors = plan.ranks[r].actors
+    pos = {a.name: i for i, a in enumerate(actors)}
+    rows = []
+    for i, a in enumerate(actors):
+        if isinstance(a, Compute):
+            fa = _compute_attrs(a)
+            own: tuple = (a.op, a.outputs, fa if fa is not None else ("rank", r, i))  # unhashable: alone
+        elif isinstance(a, Collective):
+            info = known.get(a.name)
+            axis = a.mesh_axis if a.mesh_axis is not None else (info.mesh_axis if info is not None else 0)
+            g = a.group
+            src = (g.index(a.src) if a.src in g else -1) if a.kind_ == "broadcast" else None  # others ignore it
+            own = (a.kind_, a.reduce_op, a.dim, a.cat_dim, a.sizes, a.cat_sizes, a.chunks, a.mesh_axis, len(g),
+                   _member(a, r), src, _attr_bytes(a.bytes_sent, r), info, links(a.kind_, axis, g))
+        elif isinstance(a, (Send, Recv)):
+            own = (links("send_recv", None, (r, a.peer)), a.shape, a.dtype) if isinstance(a, Recv) else \
+                (links("send_recv", None, (r, a.peer)),)
+        elif isinstance(a, Source):
+            own = (a.feed, _source_meta(a, r, micro, batch))
+        elif isinstance(a, State):
+            init, upd = a.init, a.update
+            own = (tuple(init.shape), init.dtype, (pos[upd.actor], upd.index) if upd is not None else None)  # type: ignore[union-attr]
+        elif isinstance(a, Accumulate):
+            own = (a.reduce, a.scale)
+        else:
+            own = ()
+        rows.append((type(a).__name__, a.label, tuple([(pos[x.actor], x.index) for x in a.inputs]), a.registers,
+                     a.scope, a.phase, a.num_outputs, (r, a.name) in redo, own))
+    return (tuple(rows), tuple([(pos[name], m) for name, m in order]))
+
+
+def alike_ranks(plan: ActorPlan, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo],
+                hw: Hardware, redo: frozenset = frozenset(),
+                orders: Mapping[int, list[tuple[str, int]]] | None = None) -> dict[int, list[int]]:
+    """Representative (lowest) rank -> every rank alike to it, ranks in order. ``redo``: the (rank, actor)
+    pairs the step recomputes (``StepPricing.recomputed``); ``orders``: ``rank_orders(plan)``."""
+    orders = rank_orders(plan) if orders is None else orders
+    links = _Links(hw)
+    groups: dict[tuple, list[int]] = {}
+    for r in plan.ranks:
+        groups.setdefault(_rank_key(plan, r, micro, batch, known, redo, links, orders[r]), []).append(r)
+    return {ms[0]: ms for ms in groups.values()}
+
+
+def renamed(rep_actors: list, actors: list, per_name: Mapping[str, object]) -> dict[str, object]:
+    """``per_name`` (the representative's figures by actor name) under the names of an alike rank's actors."""
+    return {a.name: per_name[b.name] for a, b in zip(actors, rep_actors)}
