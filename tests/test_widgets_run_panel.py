@@ -228,8 +228,8 @@ def test_workers_run_then_timeline_and_check(editor):
         firings = [tr for tr in fw.data if tr.meta == "firings"]
         assert p.firings == len(bars) == sum(len(tr.x) for tr in firings) > 0
         want = timeline(p.result, compiled=editor.compiled)
-        assert [(tr.name, tr.meta, len(tr.x or ())) for tr in fw.data] == \
-            [(tr.name, tr.meta, len(tr.x or ())) for tr in want.data]
+        assert [(tr.name, tr.meta, len(tr.x if tr.x is not None else ())) for tr in fw.data] == \
+            [(tr.name, tr.meta, len(tr.x if tr.x is not None else ())) for tr in want.data]
         assert any(a.text == "step 1" for a in fw.layout.annotations)  # step markers: every step run
         coll = [h for tr in firings if tr.name.startswith("collectives") for h in tr.hovertext]
         assert coll and all(" of " in h.split("<br>")[0] and "(before -> after)" in h for h in coll)

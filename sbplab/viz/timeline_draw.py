@@ -40,8 +40,12 @@ def ms(us: float) -> float:
     return round(us / 1e3, 5)
 
 
-def _r(v: float) -> float:
-    return round(v, 4)  # a lane position or thickness: 1e-4 of a lane is far below a pixel
+def packed(values: Sequence[float], dtype: str = "float64") -> Any:
+    """A per-bar number list as a numpy array, which plotly saves as one base64 string (``bdata``)
+    where a list is written one number per line in a saved notebook."""
+    import numpy as np
+
+    return np.asarray(values, dtype=dtype)
 
 
 def _each(values: list) -> Any:
@@ -130,7 +134,7 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
                                                    else "") for b in sel]
         tips = [hover(b, t0, lookup(b.rank, b.name), name, ready[i]) for i, b in zip(ix, sel)]
         marks.put(fig, go.Bar(
-            y=[_r(g[0]) for g in geo], width=[_r(g[1]) for g in geo], x=[ms(b.dur_us) for b in sel],
+            y=packed([g[0] for g in geo]), width=packed([g[1] for g in geo]), x=packed([ms(b.dur_us) for b in sel]),
             base=[ms(b.start_us - t0) for b in sel], orientation="h", name=name, meta="firings",
             legendgroup=name, showlegend=marks.legend(name), legendrank=1000 + 10 * key[0] + min(key[1], 9),
             marker=dict(color=color, opacity=_each([WAIT_OPACITY if waits[i] else 1.0 for i in ix]),
@@ -145,8 +149,8 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
         moving = [k for k, i in enumerate(ix) if waits[i]]
         if moving:  # the stretch that moved data, solid over the hatched whole
             marks.put(fig, go.Bar(
-                y=[geo[k][0] for k in moving], width=[geo[k][1] for k in moving],
-                x=[ms(sel[k].end_us - ready[ix[k]]) for k in moving],
+                y=packed([geo[k][0] for k in moving]), width=packed([geo[k][1] for k in moving]),
+                x=packed([ms(sel[k].end_us - ready[ix[k]]) for k in moving]),
                 base=[ms(ready[ix[k]] - t0) for k in moving], orientation="h", name=name, meta="transfers",
                 legendgroup=name, showlegend=False, marker=dict(color=color, line=dict(width=0)),
                 hovertext=[tips[k] for k in moving], hoverinfo="text"))
@@ -175,8 +179,8 @@ def _add_idle(fig: Any, gaps: Sequence[Gap], t0: float, marks: Marks, lanes: Lan
 
     rows = [f"rank {g.rank} · compute" for g in gaps]
     marks.put(fig, go.Bar(
-        y=[lanes.top[r] + lanes.height[r] / 2 for r in rows], width=[BAND * 0.45] * len(gaps),
-        x=[ms(g.dur_us) for g in gaps], base=[ms(g.start_us - t0) for g in gaps], orientation="h",
+        y=packed([lanes.top[r] + lanes.height[r] / 2 for r in rows]), width=BAND * 0.45,
+        x=packed([ms(g.dur_us) for g in gaps]), base=[ms(g.start_us - t0) for g in gaps], orientation="h",
         name="idle", legendgroup="idle", showlegend=marks.legend("idle"), legendrank=2000, meta="idle",
         marker=dict(color=KIND_COLORS["idle"], line=dict(width=0)),
         hovertext=[f"rank {g.rank} idle for {fmt_us(g.dur_us)}<br>from {(g.start_us - t0) / 1e3:.3f} ms "
@@ -225,7 +229,7 @@ def _add_critical(fig: Any, path: Sequence[Bar], t0: float, lanes: Lanes, marks:
     name = "critical path"
     geo = [lanes.y(b) for b in path]
     marks.put(fig, go.Bar(
-        y=[_r(g[0]) for g in geo], width=[_r(g[1]) for g in geo], x=[ms(b.dur_us) for b in path],
+        y=packed([g[0] for g in geo]), width=packed([g[1] for g in geo]), x=packed([ms(b.dur_us) for b in path]),
         base=[ms(b.start_us - t0) for b in path], orientation="h", name=name, legendgroup=name, meta="critical",
         showlegend=marks.legend(name), legendrank=2600, hoverinfo="skip",
         marker=dict(color="rgba(0,0,0,0)", line=dict(color="#000000", width=2))))
@@ -252,7 +256,7 @@ def add_counters(fig: Any, counters: Sequence[Any], t0: float, marks: Marks, col
     for c in counters:
         name = f"{c.name}, rank {c.rank}"
         marks.put(fig, go.Scatter(
-            x=[ms(t - t0) for t in c.t_us], y=[int(v) for v in c.values], mode="lines",
+            x=packed([ms(t - t0) for t in c.t_us]), y=packed([int(v) for v in c.values], "int64"), mode="lines",
             line=dict(shape="hv", width=1.5, color=color(c.rank)),
             name=name, legendgroup=name, showlegend=marks.legend(name), legendrank=4000, meta="counters",
             customdata=[fmt_bytes(int(v)) for v in c.values],  # the hover's words: a few characters a point
