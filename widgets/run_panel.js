@@ -31,7 +31,7 @@ const fmtMs = (ms) => (Math.abs(ms) < 5e-7 ? "0 ms"  // a sum's rounding (1.7e-1
 // the prediction's error (predicted / measured - 1); far off, as the run's multiple of the prediction
 // ("-100%" said nothing about a run 200 times slower than an uncalibrated spec sheet)
 const pct = (e) => (e > -0.5 ? `error ${e >= 0 ? "+" : ""}${(e * 100).toFixed(0)}%`
-  : `the run took ${(1 / (1 + e)).toPrecision(2)}x the predicted time`);
+  : `the run took ${1 / (1 + e) >= 10 ? (1 / (1 + e)).toFixed(0) : (1 / (1 + e)).toPrecision(2)}x the predicted time`);
 
 function render({ model, el, host }) {
   const commit = (name, value) => { model.set(name, value); model.save_changes(); };
