@@ -86,7 +86,8 @@ DARK = (":root { --jp-layout-color0: rgb(17, 17, 17); --jp-layout-color1: rgb(33
 LAYOUT_COLOURS = """() => {
   const svg = document.querySelector("svg.sbplab-layout"), fill = (el) => getComputedStyle(el).fill;
   return { page: fill(svg.querySelector("rect.page")), tile: fill(svg.querySelector("rect.tile")),
-           title: fill(svg.querySelector("text.title")), chip: [...svg.querySelectorAll("text.chip-label")].map(fill) };
+           title: fill(svg.querySelector("text.title")), chip: [...svg.querySelectorAll("text.chip-label")].map(fill),
+           shared: [...svg.querySelectorAll("rect.cell")].filter((c) => c.dataset.holders.includes(",")).map(fill) };
 }"""
 
 
@@ -105,6 +106,17 @@ def test_16_and_64_rank_layout_pictures_fit_a_half_width_column(page):
             assert got["width"] <= got["box"] + 1, (n, sbp, got)  # fits the cell: it does not scroll sideways
 
 
+def test_a_64_way_split_fits_a_notebook_column(page):
+    """64 blocks in a row: the picture wraps (a 1-D tensor) or stops at a column's width (a 2-D plane)
+    instead of spreading to 1,200 px; a notebook column of 760 px shows it whole, no text under 9 px."""
+    row = sl.Placement("cpu", list(range(64)))
+    for shape, sbp in (((64,), "S(0)"), ((128,), "S(0)"), ((64, 64), "S(1)"), ((64, 64), "S(0)")):
+        page.set_content(notebook_cell(layout_picture(shape, row, sbp)._repr_html_(), 760))
+        got = page.evaluate(MEASURE, ".sbplab-zoom-view")
+        assert got["minFont"] >= 9 - 0.01, (shape, sbp)
+        assert got["width"] <= got["box"] + 1, (shape, sbp, got)  # no sideways scrolling
+
+
 def test_layout_pictures_take_the_dark_themes_colours(page):
     mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
     html = layout_picture((8, 6), mesh, "S(0), B")._repr_html_()
@@ -117,8 +129,9 @@ def test_layout_pictures_take_the_dark_themes_colours(page):
     assert dark["title"] == "rgb(230, 230, 230)"  # text in the theme's colour
     page.set_content(notebook_cell(layout_picture((8, 6), mesh, "B, S(1)")._repr_html_(), 700)
                      .replace("</style>", DARK + "</style>", 1))
-    chips = page.evaluate(LAYOUT_COLOURS)["chip"]
-    assert chips and set(chips) == {"rgb(0, 0, 0)"}  # a block's holders on their ranks' colours stay black
+    got = page.evaluate(LAYOUT_COLOURS)
+    assert got["chip"] and set(got["chip"]) == {"rgb(0, 0, 0)"}  # a block's holders on their ranks' colours stay black
+    assert got["shared"] and set(got["shared"]) == {"rgb(66, 66, 66)"}  # a block several hold: the theme's grey
 
 
 def _settle(page) -> None:
