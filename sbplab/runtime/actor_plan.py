@@ -162,12 +162,16 @@ class ActorPlan:
     def _check_matching(self) -> None:
         sends: dict[tuple, str] = {}
         recvs: dict[tuple, str] = {}
+        matched: set[tuple[str, tuple[int, ...]]] = set()  # every member equal to the first one checked
         for r, rp in self.ranks.items():
             for a in rp.comm_actors:
                 if isinstance(a, Collective):
                     if r not in a.group:
                         raise PlanError(f"rank {r}: collective {a.name!r} has group {a.group} without "
                                         f"rank {r}")
+                    if (a.name, a.group) in matched:
+                        continue
+                    matched.add((a.name, a.group))
                     for m in a.group:
                         if m >= self.world_size:
                             raise PlanError(f"collective {a.name!r}: rank {m} >= world_size "

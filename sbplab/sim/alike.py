@@ -79,9 +79,18 @@ def _where_attrs(op: str) -> tuple[str, ...]:
         return ()  # no such kernel: shape inference says so
 
 
-def _compute_attrs(a: Compute) -> object:
+def _compute_attrs(a: Compute, memo: dict) -> object:
     """A kernel's attributes as its shapes and cost see them: less those that only say where its piece lies
-    (``where_attrs`` of a plain kernel, e.g. ``narrow_piece``'s start) and a random op's stream."""
+    (``where_attrs`` of a plain kernel, e.g. ``narrow_piece``'s start) and a random op's stream. ``memo``:
+    by the identity of the values (ranks' copies of one op's attributes share them), alive while the plan is."""
+    ident = (a.op, *[(k, id(v)) for k, v in a.attrs.items()])
+    got = memo.get(ident)
+    if got is None:
+        got = memo[ident] = (_frozen_attrs(a), a.attrs)  # the attrs kept: their ids stay theirs
+    return got[0]
+
+
+def _frozen_attrs(a: Compute) -> object:
     attrs = _cost_attrs(a.attrs)
     where = _where_attrs(a.op) if ":" in a.op else ()
     if where and isinstance(attrs, dict):
@@ -90,13 +99,13 @@ def _compute_attrs(a: Compute) -> object:
 
 
 def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo],
-              redo: frozenset, links: _Links, order: list[tuple[str, int]]) -> tuple:
+              redo: frozenset, links: _Links, order: list[tuple[str, int]], memo: dict) -> tuple:
     actors = plan.ranks[r].actors
     pos = {a.name: i for i, a in enumerate(actors)}
     rows = []
     for i, a in enumerate(actors):
         if isinstance(a, Compute):
-            fa = _compute_attrs(a)
+            fa = _compute_attrs(a, memo)
             own: tuple = (a.op, a.outputs, fa if fa is not None else ("rank", r, i))  # unhashable: alone
         elif isinstance(a, Collective):
             info = known.get(a.name)
@@ -128,10 +137,10 @@ def alike_ranks(plan: ActorPlan, micro: int, batch: Mapping[str, TensorMeta], kn
     """Representative (lowest) rank -> every rank alike to it, ranks in order. ``redo``: the (rank, actor)
     pairs the step recomputes (``StepPricing.recomputed``); ``orders``: ``rank_orders(plan)``."""
     orders = rank_orders(plan) if orders is None else orders
-    links = _Links(hw)
+    links, memo = _Links(hw), {}
     groups: dict[tuple, list[int]] = {}
     for r in plan.ranks:
-        groups.setdefault(_rank_key(plan, r, micro, batch, known, redo, links, orders[r]), []).append(r)
+        groups.setdefault(_rank_key(plan, r, micro, batch, known, redo, links, orders[r], memo), []).append(r)
     return {ms[0]: ms for ms in groups.values()}
 
 
