@@ -18,3 +18,18 @@ def freeze(x: Any) -> Hashable:
     if isinstance(x, (list, tuple)):
         return tuple(freeze(v) for v in x)
     return x
+
+
+def freeze_attrs(attrs: dict) -> Hashable:
+    """``freeze(attrs)`` for an op's attributes, without walking them when they are hashable already.
+
+    A graph's attributes are frozen when the op is added, so each later cache key (shape inference, FLOPs,
+    scored signatures: tens of thousands per compile of a large model) would walk tuples that are already
+    tuples. Hashable values compare and hash as their frozen form (a ``torch.Size`` as its tuple), so the
+    key is the same; anything unhashable (a list, a dict) takes ``freeze``."""
+    items = tuple(sorted(attrs.items()))
+    try:
+        hash(items)
+    except TypeError:
+        return freeze(attrs)
+    return items

@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...freeze import freeze_attrs
 from ...ops.choose import FREE, BoxingCost, RankedSignature
 from ...ops.choose import rank_signatures as choose_ranked
 from ...ops.registry import NdSignature
 from ...placement import Placement
 from ...sbp import NdSbp, fmt_sbp
 from ..ir import OpNode
-from .caches import SCORES, freeze
+from .caches import SCORES
 from .signature_hints import signatures_of, valid_text
 from .strategy import HintError
 
@@ -78,7 +79,7 @@ def rank_signatures(d: Deduction, op: OpNode, have: tuple, want_out: dict) -> Sc
     """
     g = d.graph
     pinned = pinned_inputs(d, op)
-    key = (op.type, tuple(g.tensors[t].meta for t in op.inputs), freeze(op.attrs), op.placement, have,
+    key = (op.type, tuple(g.tensors[t].meta for t in op.inputs), freeze_attrs(op.attrs), op.placement, have,
            tuple(d.placement[t] for t in op.inputs), tuple((j, w, pl) for j, (w, pl, _) in want_out.items()),
            pinned, d.hardware)
     scored = SCORES.get(key)

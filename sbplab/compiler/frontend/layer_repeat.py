@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -154,7 +155,10 @@ def _layer_of_path(path: str, prefix: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
+@lru_cache(maxsize=1 << 16)
 def _rename(path: str, prefix: str, src: int, dst: int) -> str:
+    """``path`` with layer ``src`` of the stack renamed ``dst`` (every copied node renames its module stack:
+    the same few paths, tens of thousands of times on a 32-layer model)."""
     if src == dst or _layer_of_path(path, prefix) != src:
         return path
     head, dot, tail = path[len(prefix):].partition(".")

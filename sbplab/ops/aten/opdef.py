@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from ...freeze import freeze
+from ...freeze import freeze_attrs
 from ..registry import LocalContext, OpDef, TensorMeta
 from .calls import call, overload
 from .rules import Rule, rule_for
@@ -79,10 +79,10 @@ def make_aten_opdef(name: str) -> OpDef:
     rule: Rule = rule_for(name)
 
     def infer(ins: Sequence[TensorMeta], attrs: dict) -> list[TensorMeta]:
-        return list(_infer(name, tuple(ins), freeze(attrs)))
+        return list(_infer(name, tuple(ins), freeze_attrs(attrs)))
 
     def signatures(ins: Sequence[TensorMeta], attrs: dict):
-        outs = _infer(name, tuple(ins), freeze(attrs))
+        outs = _infer(name, tuple(ins), freeze_attrs(attrs))
         return rule.signatures(list(ins), list(outs), attrs)
 
     target = RESHAPES.get(name, name)
@@ -94,7 +94,7 @@ def make_aten_opdef(name: str) -> OpDef:
 
     def flops(ins: Sequence[TensorMeta], outs: Sequence[TensorMeta], attrs: dict) -> int:
         try:
-            return _flops(name, tuple(ins), freeze(attrs))
+            return _flops(name, tuple(ins), freeze_attrs(attrs))
         except Exception:  # noqa: BLE001  (a custom op without a meta kernel: count nothing)
             return 0
 
