@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -53,14 +54,16 @@ def pipeline_trace(stages: int, micro: int, fwd: float, bwd: float, t0: float = 
 
 
 def drawn(fig) -> list[dict]:
-    """Every firing bar of a figure (idle bars aside): its row, times, slot, legend entry and hover."""
+    """Every firing bar of a figure (idle bars aside): the row its y places it in, times, slot, legend
+    entry, and the actor and step its hover names."""
     out = []
     for tr in fig.data:
         if tr.meta != "firings":  # idle gaps, transfer stretches, links, critical path, counters
             continue
-        for x, base, y, w, hover, what in zip(tr.x, tr.base, tr.y, tr.width, tr.hovertext, tr.customdata):
-            row, actor, step = what.split("|")  # "row|actor|step"
-            out.append({"row": row, "actor": actor, "step": None if step == "None" else int(step),
+        for x, base, y, w, hover in zip(tr.x, tr.base, tr.y, tr.width, tr.hovertext):
+            step = re.search(r"step (\d+)", hover)
+            out.append({"row": lane_of(fig, float(y), tr.yaxis or "y"), "actor": hover.rsplit(" · actor ", 1)[1]
+                        .split("<br>")[0], "step": int(step.group(1)) if step else None,
                         "start_ms": float(base), "dur_ms": float(x),
                         "y": float(y), "width": float(w), "series": tr.name, "color": tr.marker.color,
                         "hover": hover, "axis": tr.yaxis or "y"})
@@ -68,10 +71,16 @@ def drawn(fig) -> list[dict]:
 
 
 def lane_of(fig, y: float, axis: str = "y") -> str:
-    """The row label whose lane holds height ``y`` (lanes are centred on their ticks)."""
+    """The row label whose lane holds height ``y``: lanes stack from 0 downwards, each centred on its
+    tick, so each lane's bottom is twice its centre less its top."""
     ya = getattr(fig.layout, "yaxis" + axis[1:])
-    centres, labels = list(ya.tickvals), list(ya.ticktext)
-    return labels[min(range(len(centres)), key=lambda i: abs(centres[i] - y))]
+    top = 0.0
+    for centre, label in zip(ya.tickvals, ya.ticktext):
+        bottom = 2 * centre - top
+        if top <= y <= bottom:
+            return label
+        top = bottom
+    raise AssertionError(f"y={y} is in no lane of {list(ya.ticktext)}")
 
 
 def test_bars_equal_trace_events_on_a_ms_axis():
@@ -87,7 +96,8 @@ def test_bars_equal_trace_events_on_a_ms_axis():
     assert fig.layout.xaxis.title.text == "time (ms)"
     # rank 0 at the top, compute above comm: the y axis runs downwards; each bar sits in its lane
     assert list(fig.layout.yaxis.ticktext) == ["rank 0 · compute", "rank 0 · comm", "rank 1 · compute"]
-    assert all(lane_of(fig, b["y"]) == b["row"] for b in drawn(fig))
+    assert all(lane_of(fig, b["y"] - b["width"] / 2) == lane_of(fig, b["y"] + b["width"] / 2) == b["row"]
+               for b in drawn(fig))  # no bar reaches into the next lane
     assert list(fig.layout.yaxis.range)[0] > list(fig.layout.yaxis.range)[1]
 
 

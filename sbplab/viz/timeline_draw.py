@@ -142,9 +142,6 @@ def add_firings(fig: Any, bars: Sequence[Bar], t0: float, marks: Marks, lookup: 
                         line=dict(color="rgba(255,255,255,0.7)", width=0.5)),
             text=text, textposition="inside", insidetextanchor="middle", textangle=0,
             hovertext=tips, hoverinfo="text",
-            # what each bar is, for click handlers and tests: "row|actor|step" (one short string a bar keeps
-            # a saved notebook small: nbformat writes each list item on a line of its own)
-            customdata=[f"{b.row}|{b.name}|{b.step}" for b in sel],
         ))
         moving = [k for k, i in enumerate(ix) if waits[i]]
         if moving:  # the stretch that moved data, solid over the hatched whole
