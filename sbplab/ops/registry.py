@@ -217,9 +217,11 @@ def _blocks_fit(metas: Sequence[TensorMeta], sbps: Sequence[NdSbp], placement: P
 
 
 def local_context(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict, sig: NdSignature,
-                  placement: Placement, rank: int) -> LocalContext | None:
-    """The shard-level view of ``sig`` on ``rank``, or None if some shard would be empty."""
-    out_metas = tuple(op.infer(in_metas, attrs))
+                  placement: Placement, rank: int, out_metas: tuple[TensorMeta, ...] | None = None
+                  ) -> LocalContext | None:
+    """The shard-level view of ``sig`` on ``rank``, or None if some shard would be empty. ``out_metas``: the
+    op's global outputs where the caller has them (the same on every rank)."""
+    out_metas = tuple(op.infer(in_metas, attrs)) if out_metas is None else out_metas
     ib = _blocks_fit(in_metas, sig.inputs, placement, rank)
     ob = _blocks_fit(out_metas, sig.outputs, placement, rank)
     if ib is None or ob is None:

@@ -52,7 +52,7 @@ class _Lowerer:
             v = self._shapes[key] = local_shape(shape, pl, sbp, r)
         return v
 
-    def local_views(self, op, metas, sig) -> dict[int, tuple]:
+    def local_views(self, op, metas, sig) -> dict[int | None, tuple]:
         """Rank -> (local attrs, input shapes, output shapes, output dtypes) of ``op``, filled by
         ``local_view``; one dict per distinct (op type, shapes, attrs, signature, placement)."""
         key = (op.type, tuple(metas), tuple(sorted(op.attrs.items())), sig, op.placement)
@@ -61,9 +61,13 @@ class _Lowerer:
             views = self._local[key] = {}
         return views
 
-    def local_view(self, op, opdef, metas, sig, r) -> tuple:
-        """(local attrs, input shapes, output shapes, output dtypes) of ``op`` on rank ``r``."""
-        ctx = local_context(opdef, metas, op.attrs, sig, op.placement, r)
+    def local_view(self, op, opdef, metas, sig, r, views) -> tuple:
+        """(local attrs, input shapes, output shapes, output dtypes) of ``op`` on rank ``r``; the op's global
+        outputs are inferred once for all ranks (kept in ``views`` under None)."""
+        outs = views.get(None)
+        if outs is None:
+            outs = views[None] = tuple(opdef.infer(metas, op.attrs))
+        ctx = local_context(opdef, metas, op.attrs, sig, op.placement, r, outs)
         if ctx is None:
             raise GraphError(f"op {op.name!r}: signature {sig} leaves rank {r} an empty shard")
         return (opdef.localize(dict(op.attrs), ctx), tuple(_shape(b) for b in ctx.in_blocks),
@@ -207,7 +211,7 @@ class _Lowerer:
             for r in op.placement.rank_list:
                 v = views.get(r)
                 if v is None:
-                    v = views[r] = self.local_view(op, opdef, metas, sig, r)
+                    v = views[r] = self.local_view(op, opdef, metas, sig, r, views)
                 attrs, in_shapes, out_shapes, dtypes = v
                 inputs = tuple(self.boxed[(bid, r)] if bid is not None else self.stored[(t, r)] for t, bid in reads)
                 n = PhysNode(len(self.nodes), r, "compute", op.type, op.name, dict(attrs), inputs, in_shapes,
