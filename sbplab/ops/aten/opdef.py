@@ -57,10 +57,11 @@ def counts_flops(name: str) -> bool:
 def _flops(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    if not counts_flops(name):
+    attrs = dict(frozen)
+    if not counts_flops(attrs.get("op", name)):  # the overload the call runs (a rule's localize may swap it)
         return 0
     with FlopCounterMode(display=False) as counter:
-        call(name, dict(frozen), [_meta(m) for m in metas], torch.device("meta"))
+        call(name, attrs, [_meta(m) for m in metas], torch.device("meta"))
     return int(counter.get_total_flops())
 
 
