@@ -353,6 +353,32 @@ def test_simulating_ranks_alike_once_changes_nothing(monkeypatch, strategy, clas
     assert sorted(map(key, merged.trace.events)) == sorted(map(key, every.trace.events))
 
 
+def test_ranks_alike_share_shapes_and_costs_only_where_their_links_match(monkeypatch):
+    """On one 8-GPU node the 2x2 ranks pair up as alike (one price per group) and the prediction is the one
+    every rank priced on its own gives; with 3 GPUs per node each rank's tensor or data group crosses the
+    node boundary its own way (ranks 0-2 on node 0, rank 3 on node 1), so no two are alike."""
+    import warnings
+
+    import sbplab.sim.predict as predict
+    from sbplab.sim.alike import alike_ranks
+    from sbplab.sim.predict import plan_of
+
+    model = sl.models.GPT(sl.models.GPTConfig(vocab_size=16, block_size=4, n_layer=1, n_head=2, n_embd=8))
+    (x,), y = model.example_batch(4)
+    c = sl.compile(model, (x,), loss_fn=sl.models.GPT.loss_fn, target=y, strategy=sl.presets.dp_tp((2, 2)))
+    plan, batch, known = plan_of(c)
+    node, split = sl.Machine.a100_cluster(1), dataclasses.replace(sl.Machine.a100_cluster(2), devices_per_node=3)
+    assert len(alike_ranks(plan, plan.micro_batches, batch, known, node)) < 4
+    assert alike_ranks(plan, plan.micro_batches, batch, known, split) == {r: [r] for r in range(4)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sl.MemoryCapacityWarning)
+        merged = sl.simulate(c, node)
+        monkeypatch.setattr(predict, "alike_ranks", lambda plan, *args: {r: [r] for r in plan.ranks})
+        alone = sl.simulate(c, node)
+    assert merged.step_time == alone.step_time and merged.peak_memory == alone.peak_memory
+    assert merged.classes == alone.classes
+
+
 def test_a_fused_chain_pays_one_firing_overhead_as_the_runtime_fires_it_once():
     """w -> f1 -> f2 -> f3 -> upd: each the only reader of the one before, so the runtime fires the four
     as one actor (``runtime/fusion.py``); with empty kernels a step costs the State's firing overhead
