@@ -5,10 +5,12 @@ lowering, actor plan), wall-clock and this process's CPU time (on a shared machi
 counts other processes' turns; the load average is printed beside them), and the memory: the
 per-device peak the compiled step needs, and the compiler process's peak resident memory. The memory
 view (a simulated run's register lifetimes) is timed apart and not counted in nn.Module to actor plan:
-``sl.compile`` does not make it, ``step.memory`` and ``step.summary()`` do on first access. The model is
-built on the meta device: compiling needs shapes, not weights, so no 1.2 GB of parameters are
-allocated. Goals: nn.Module to actor plan under 2 s for transformers' GPT-2 24 x 1024 (seq 1024) on
-2x4, under 3 s for a 32-layer Llama.
+``sl.compile`` does not make it, ``step.memory`` and ``step.summary()`` do on first access. So are the
+imports a process's first capture makes (torch.export, AOTAutograd: ``import_capture_machinery``, made
+before the clock, once per process like importing torch). The model is built on the meta device:
+compiling needs shapes, not weights, so no 1.2 GB of parameters are allocated. Goals: nn.Module to
+actor plan under 2 s for transformers' GPT-2 24 x 1024 (seq 1024) on 2x4, under 3 s for a 32-layer
+Llama; measured on a shared 2-core machine (load 7-8): 2.5 and 3.8-4.1 CPU s (README has each pass).
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2   # transformers' own model, captured at ATen level
@@ -16,7 +18,8 @@ allocated. Goals: nn.Module to actor plan under 2 s for transformers' GPT-2 24 x
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2 --compare   # identical layers once vs every layer
 
 With ``--hf``, the first pass is the ATen capture (torch.export and torch's autograd on fake tensors,
-then the optimizer) of a transformers model built from its config on the meta device; a stack of
+then the optimizer) of a transformers model built from its config on the meta device, as ``sl.compile``
+captures it (the cross entropy on vocabulary shards where the strategy splits the vocabulary); a stack of
 identical layers is captured once and copied (``layer_repeat``), ``--whole`` captures every layer.
 ``--compare`` runs both, each in a fresh process, and prints their passes side by side.
 """
