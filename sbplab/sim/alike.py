@@ -83,7 +83,8 @@ def _compute_attrs(a: Compute, memo: dict) -> object:
     """A kernel's attributes as its shapes and cost see them: less those that only say where its piece lies
     (``where_attrs`` of a plain kernel, e.g. ``narrow_piece``'s start) and a random op's stream. ``memo``:
     by the identity of the values (ranks' copies of one op's attributes share them), alive while the plan is."""
-    ident = (a.op, *[(k, id(v)) for k, v in a.attrs.items()])
+    attrs = a.attrs
+    ident = (a.op, tuple(attrs), tuple(map(id, attrs.values())))
     got = memo.get(ident)
     if got is None:
         got = memo[ident] = (_frozen_attrs(a), a.attrs)  # the attrs kept: their ids stay theirs
