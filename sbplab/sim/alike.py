@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+from ..boxing.kinds import kind_of
 from ..hardware import Hardware
 from ..machine import Machine
 from ..ops.registry import TensorMeta
@@ -56,19 +57,24 @@ class _Links:
         return v
 
 
-_SAME_OUTPUT = ("all_reduce", "broadcast", "all_gather")  # the output's shape is the same for every member
-
-
-def _member(a: Collective, r: int) -> int:
-    """Rank r's position in ``a``'s group where its output shape or bytes may depend on it, else -1: the
-    plan names the bytes (the lowering sets them) and the kind's output is alike for every member, or
-    every piece is the same size."""
+def _member(a: Collective, r: int, memo: dict) -> int:
+    """Rank r's position in ``a``'s group where its output shape or bytes may depend on it, else -1: the plan
+    names the bytes (the lowering sets them) and the kind gives every member the same output shape for an
+    input no member count divides (so uneven balanced pieces would show), whatever its sizes say."""
     if a.bytes_sent is None:
         return a.group.index(r)
-    if a.kind_ in _SAME_OUTPUT:
-        return -1
-    even = a.sizes is not None and len(set(a.sizes)) <= 1 and (a.cat_sizes is None or len(set(a.cat_sizes)) <= 1)
-    return -1 if even else a.group.index(r)
+    p = len(a.group)
+    key = ("member", a.kind_, a.dim, a.cat_dim, a.sizes, a.cat_sizes, a.chunks, p)
+    depends = memo.get(key)
+    if depends is None:
+        probe = (p + 1,) * (max(a.dim, a.cat_dim) + 1)
+        kind = kind_of(a.kind_)
+        try:
+            depends = len({tuple(kind.actor_output_shape(a, m, probe)) for m in range(p)}) > 1
+        except Exception:  # noqa: BLE001 - a kind that cannot say for the probe: keep the position
+            depends = True
+        memo[key] = depends
+    return a.group.index(r) if depends else -1
 
 
 @functools.cache
@@ -112,9 +118,9 @@ def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMet
             info = known.get(a.name)
             axis = a.mesh_axis if a.mesh_axis is not None else (info.mesh_axis if info is not None else 0)
             g = a.group
-            src = (g.index(a.src) if a.src in g else -1) if a.kind_ == "broadcast" else None  # others ignore it
+            src = (g.index(a.src) if a.src in g else -1) if kind_of(a.kind_).has_root else None  # others ignore it
             own = (a.kind_, a.reduce_op, a.dim, a.cat_dim, a.sizes, a.cat_sizes, a.chunks, a.mesh_axis, len(g),
-                   _member(a, r), src, _attr_bytes(a.bytes_sent, r), info, links(a.kind_, axis, g))
+                   _member(a, r, memo), src, _attr_bytes(a.bytes_sent, r), info, links(a.kind_, axis, g))
         elif isinstance(a, (Send, Recv)):
             own = (links("send_recv", None, (r, a.peer)), a.shape, a.dtype) if isinstance(a, Recv) else \
                 (links("send_recv", None, (r, a.peer)),)
