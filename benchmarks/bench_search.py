@@ -14,7 +14,9 @@ Real sizes, with sl.search's defaults (the simulated re-rank of the finalists an
 each in a fresh process: transformers GPT-2 small (124M, ``GPT2Config()``, built on the meta device,
 batch 8 x 1024 tokens) on 8 H100 (goal: under 10 s and 2 GB of host memory), and a 16-layer GPT (768
 wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The machine's load average
-is printed beside them: on a shared machine the seconds grow with it.
+is printed beside them: on a shared machine the seconds grow with it, so each row also gives the
+search's own CPU seconds (it starts no other process), how many candidates the re-rank simulated, and
+how many it skipped by their floor (``search/sim_floor.py``).
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def real(name: str) -> dict:
     res = sl.search(*args, **kw)
     return {"model": name, "search_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, "best": res.best.describe(),
-            "model_used": res.model, "step_ms": res.figure(res.best).step_time * 1e3}
+            "model_used": res.model, "step_ms": res.figure(res.best).step_time * 1e3,
+            "simulated": sum(c.simulated_time is not None for c in (*res.candidates, *res.presets)),
+            "skipped": sum(c.sim_floor is not None for c in (*res.candidates, *res.presets))}
 
 
 def _real_rows(timeout: int) -> None:
@@ -124,8 +128,8 @@ def _real_rows(timeout: int) -> None:
             continue
         r = json.loads(p.stdout.strip().splitlines()[-1])
         print(f"{name:<11} {r['search_s']:8.1f} s ({r['cpu_s']:.1f} s of CPU)  {r['peak_rss_gb']:5.2f} GB  ({goal})  "
-              f"{r['best']}: "
-              f"{r['step_ms']:.4g} ms ({r['model_used']})", flush=True)
+              f"{r['best']}: {r['step_ms']:.4g} ms ({r['model_used']}); {r['simulated']} finalists simulated, "
+              f"{r['skipped']} skipped by their floor", flush=True)
 
 
 def main() -> None:

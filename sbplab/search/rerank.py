@@ -195,6 +195,10 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, inputs: A
         floors.check(c, within)
         if within:
             simulated.append(c)
+        if measure is None:  # only the winner's compiled step is used again (its bucket size): at 64 ranks
+            lead = min(simulated, key=lambda c: (c.simulated_time, _order(c))) if simulated else None  # each
+            for k in [k for k in steps if lead is None or k != id(lead)]:  # holds hundreds of MB
+                del steps[k]
     floors.note(notes)
     if left:
         notes.append(f"the time budget ran out during the re-rank: {len(left)} of {len(queue)} finalists were not "
