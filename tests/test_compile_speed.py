@@ -1,5 +1,8 @@
 """The compiler's shortcuts give what the long way gives, on transformers' GPT-2 and Llama (small, meta device):
 
+- the capture traces the module once (AOTAutograd straight on it) and gets the graph torch.export then
+  AOTAutograd give, node for node, module paths and source lines included (and on the zoo GPT);
+
 - an op that ``torch.utils.flop_counter`` cannot count is not run under ``FlopCounterMode``: for every op of
   the captured graphs, the FLOPs the registry reports equal the counter's own count of that call, and the
   ops said to count nothing do count zero there (the ranking's FLOP tie-break is unchanged);
@@ -96,3 +99,41 @@ def test_hints_on_a_few_names_find_what_a_full_scan_finds(graph):
             ok = t is not None and (h.role is None or t.role == h.role) and (h.only is None or h.pattern in h.only)
             want = [h.pattern] if ok else []
         assert m.targets == want, h.describe()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "zoo"])
+def test_capture_without_export_gives_the_graph_export_gives(kind):
+    """AOTAutograd straight on the module (one trace) and torch.export then AOTAutograd (two) make the same
+    graph: names, attributes, module paths, source lines, backward owners, parameters, gradients."""
+    from sbplab.compiler.frontend.aten_capture import capture_aten, through_export
+
+    if kind == "zoo":
+        torch.manual_seed(0)
+        model = sl.models.GPT(sl.models.GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=4, n_embd=32))
+        (idx,), t = model.example_batch(2)
+        args, kwargs, loss_fn, targets = (idx,), {}, model.loss_fn, (t,)
+    else:
+        cfg = (tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                                 embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0) if kind == "gpt2" else
+               tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, bos_token_id=0,
+                                  eos_token_id=0))
+        with torch.device("meta"):
+            model = (tf.GPT2LMHeadModel if kind == "gpt2" else tf.LlamaForCausalLM)(cfg).train()
+            ids = torch.zeros(2, 8, dtype=torch.int64)
+        args, kwargs, loss_fn, targets = (), {"input_ids": ids, "labels": ids}, None, ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        direct, direct_grads = capture_aten(model, args, kwargs, loss_fn, targets)
+        with through_export():
+            exported, exported_grads = capture_aten(model, args, kwargs, loss_fn, targets)
+    assert any(o.module and o.source for o in direct.ops)  # module paths and source lines recorded
+    assert _same_graph(direct) == _same_graph(exported)
+    assert direct_grads == exported_grads
+
+
+def _same_graph(g) -> tuple:
+    ops = [(o.name, o.type, tuple(o.inputs), tuple(o.outputs), repr(sorted(o.attrs.items(), key=str)), o.phase,
+            o.module, o.source, o.forward_op) for o in g.ops]
+    tensors = [(t.name, t.meta.shape, t.meta.dtype, t.role, t.module) for t in g.tensors.values()]
+    return ops, tensors, g.loss, dict(g.state_updates), list(g.params), list(g.inputs)

@@ -6,6 +6,9 @@ the real Python) under fake tensors; ``aot_export_joint_with_descriptors`` then 
 forward + backward graph that torch's autograd derives (the route meta-pytorch/autoparallel takes),
 functionalised (BatchNorm's running statistics become state updates) and described: which input is
 which parameter, buffer or user input, which output is the loss or which parameter's gradient.
+AOTAutograd runs straight on the module first (``aten_direct.py``: one trace instead of two, recording
+the module paths and source lines export would), giving the graph export's route gives; a model that
+route cannot trace goes through torch.export, which also words the error.
 
 Each ATen node becomes one registry op named after its overload (``"aten.addmm.default"``) whose
 attrs keep the rest of the call; SBP rules come from the op's family (``sbplab.ops.aten``). Nodes
@@ -26,7 +29,7 @@ import copy
 import inspect
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -40,6 +43,7 @@ from ...ops.aten.calls import DeviceSlot, Slot, library_of
 from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
 from .aten_decomp import decompositions
+from .aten_direct import joint_direct
 from .fx_trace import source_of
 from .layer_repeat import cut_to, find_layer_stack, repeat_layers
 from .layer_repeat import enabled as repeat_enabled
@@ -177,19 +181,56 @@ def import_capture_machinery() -> None:
     import torch.export._trace  # noqa: F401
 
 
+_THROUGH_EXPORT = [False]
+
+
+@contextlib.contextmanager
+def through_export() -> Iterator[None]:
+    """Capture through ``torch.export`` first inside this block (the route ``aten_direct`` skips; tests
+    compare the two)."""
+    before = _THROUGH_EXPORT[0]
+    _THROUGH_EXPORT[0] = True
+    try:
+        yield
+    finally:
+        _THROUGH_EXPORT[0] = before
+
+
 def _joint(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int, kw_names: tuple[str, ...],
            autocast: torch.dtype | None) -> fx.GraphModule:
+    """The joint forward + backward graph, with descriptors: AOTAutograd straight on the module
+    (``aten_direct``), else (anything that route does not capture) torch.export then AOTAutograd."""
+    if not _THROUGH_EXPORT[0]:
+        traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, flat)
+        try:
+            with _capture_contexts(autocast) as stack:
+                return joint_direct(_Step(traced, loss_fn, n_args, kw_names), traced_flat, decompositions(), stack)
+        except SbplabError:
+            raise
+        except Exception:  # noqa: BLE001  (export captures it, or says why in the user's terms)
+            pass
+    return _joint_through_export(model, flat, loss_fn, n_args, kw_names, autocast)
+
+
+@contextlib.contextmanager
+def _capture_contexts(autocast: torch.dtype | None) -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as stack:
+        if autocast is not None:
+            stack.enter_context(torch.autocast("cpu", dtype=autocast))
+        stack.enter_context(AttentionMode())  # SDPA as one op whose kernel the device picks
+        stack.enter_context(capture_mode())  # a strategy splitting the vocabulary: the loss on its shards
+        yield stack
+
+
+def _joint_through_export(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int,
+                          kw_names: tuple[str, ...], autocast: torch.dtype | None) -> fx.GraphModule:
     """torch.export then torch's autograd: the joint forward + backward graph, with descriptors."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, flat)
     step = _Step(traced, loss_fn, n_args, kw_names)
     try:
-        with contextlib.ExitStack() as stack:
-            if autocast is not None:
-                stack.enter_context(torch.autocast("cpu", dtype=autocast))
-            stack.enter_context(AttentionMode())  # SDPA as one op whose kernel the device picks
-            stack.enter_context(capture_mode())  # a strategy splitting the vocabulary: the loss on its shards
+        with _capture_contexts(autocast) as stack:
             ep = torch.export.export(step, traced_flat, strict=False)
             joint = aot_export_joint_with_descriptors(stack, ep.module(), traced_flat, decompositions=decompositions())
     except SbplabError:
