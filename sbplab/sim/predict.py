@@ -171,7 +171,7 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     M = plan.micro_batches
     device = plan.device_type or device_of(hw)  # a device-free plan runs on the hardware's device
     low = pricing.compute_dtype if pricing is not None else None
-    shapes, sent, costs, busy_extra = {}, {}, {}, {}
+    shapes, costs = {}, {}
     shape_cache: dict = {}
     cost_cache: dict = {}
     redo = pricing.recomputed if pricing is not None else frozenset()
@@ -191,20 +191,20 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     if framework is not None and framework.optimizer_bytes_per_param > 0:
         _add_optimizer_traffic(plan, costs, shapes, hw, device, framework.optimizer_bytes_per_param)
     rep_alike = {m: r for r, ms in alike.items() for m in ms}
-    costs = {r: costs[r] if rep_alike[r] == r else list(costs[rep_alike[r]]) for r in plan.ranks}
-    for r, row_c in costs.items():
-        busy_extra[r] = [c.busy_extra for c in row_c]
-        sent[r] = [c.nbytes for c in row_c]
+    costs = {r: costs[rep_alike[r]] for r in plan.ranks}  # one list per alike group, read only from here
+    sent_of = {r: [c.nbytes for c in costs[r]] for r in alike}
+    sent = {r: sent_of[rep_alike[r]] for r in plan.ranks}
     classes = rank_classes(plan, costs, shapes, alike, orders)
     for r in classes:  # a class's lowest rank may not be its alike group's: its shapes under its own names
         if r not in shapes:
             q = rep_alike[r]
             shapes[r] = renamed(plan.ranks[q].actors, plan.ranks[r].actors, shapes[q])
     for r in classes:  # the ranks simulated: the runtime fires a fused chain as one actor, so its parts
-        row_c = costs[r]  # after the first pay no firing overhead
+        row_c = costs[r] = list(costs[r])  # after the first pay no firing overhead
         for i in {i for chain in fuse_chains(plan.ranks[r].actors)[1] for i in chain[1:]}:
             row_c[i] = replace(row_c[i], seconds=row_c[i].seconds - row_c[i].overhead, overhead=0.0)
-    work = {r: [c.seconds for c in row_c] for r, row_c in costs.items()}
+    work = {r: [c.seconds for c in costs[r]] for r in classes}  # the engine runs the classes' ranks
+    busy_extra = {r: [c.busy_extra for c in costs[r]] for r in classes}
     firings = Engine(plan, steps, work, hw.cores, classes, busy_extra, device).run()
     step_of = {r: [M if a.scope == "micro" else 0 for a in plan.ranks[r].actors] for r in classes}
     ends = step_ends(firings, step_of, steps)
