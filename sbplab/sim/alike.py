@@ -106,7 +106,9 @@ def _frozen_attrs(a: Compute) -> object:
 
 
 def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo],
-              redo: frozenset, links: _Links, order: list[tuple[str, int]], memo: dict) -> tuple:
+              redo: set[str], links: _Links, order: list[tuple[str, int]], memo: dict) -> tuple:
+    """Rank r's actors as shapes, prices and the symmetry signature see them; ``redo``: the names of its
+    actors the backward recomputes."""
     actors = plan.ranks[r].actors
     pos = {a.name: i for i, a in enumerate(actors)}
     rows = []
@@ -133,8 +135,8 @@ def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMet
             own = (a.reduce, a.scale)
         else:
             own = ()
-        rows.append((type(a).__name__, a.label, tuple([(pos[x.actor], x.index) for x in a.inputs]), a.registers,
-                     a.scope, a.phase, a.num_outputs, (r, a.name) in redo, own))
+        rows.append((type(a), a.label, tuple([(pos[x.actor], x.index) for x in a.inputs]), a.registers,
+                     a.scope, a.phase, a.num_outputs, a.name in redo, own))
     return (tuple(rows), tuple([(pos[name], m) for name, m in order]))
 
 
@@ -145,9 +147,12 @@ def alike_ranks(plan: ActorPlan, micro: int, batch: Mapping[str, TensorMeta], kn
     pairs the step recomputes (``StepPricing.recomputed``); ``orders``: ``rank_orders(plan)``."""
     orders = rank_orders(plan) if orders is None else orders
     links, memo = _Links(hw), {}
+    redone: dict[int, set[str]] = {r: set() for r in plan.ranks}
+    for r, name in redo:
+        redone.setdefault(r, set()).add(name)
     groups: dict[tuple, list[int]] = {}
     for r in plan.ranks:
-        groups.setdefault(_rank_key(plan, r, micro, batch, known, redo, links, orders[r], memo), []).append(r)
+        groups.setdefault(_rank_key(plan, r, micro, batch, known, redone[r], links, orders[r], memo), []).append(r)
     return {ms[0]: ms for ms in groups.values()}
 
 
