@@ -44,7 +44,8 @@ def _partners(plan: ActorPlan, r: int, lookup: Lookup) -> list[tuple[tuple[int, 
     out = []
     for a in plan.ranks[r].actors:
         if isinstance(a, Collective):
-            out.append(tuple((m, lookup.index(m, a.name)) for m in a.group if m != r))
+            every = lookup.members(a)
+            out.append(tuple([x for x in every if x[0] != r]))
         elif isinstance(a, (Send, Recv)):
             out.append(((a.peer, lookup.partner(r, a)),))
     return out
@@ -90,6 +91,15 @@ class Lookup:
         self.plan = plan
         self.names: dict[int, dict[str, int]] = {}
         self.p2p: dict[int, dict[tuple, int]] = {}
+        self.groups: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
+
+    def members(self, a) -> tuple[tuple[int, int], ...]:
+        """(rank, position of collective ``a`` there) for every member of its group, found once per group."""
+        key = (a.name, a.group)
+        got = self.groups.get(key)
+        if got is None:
+            got = self.groups[key] = tuple((m, self.index(m, a.name)) for m in a.group)
+        return got
 
     def index(self, rank: int, name: str) -> int:
         if rank not in self.names:
