@@ -199,9 +199,12 @@ def through_export() -> Iterator[None]:
 def _joint(model: nn.Module, flat: tuple, loss_fn: Callable | None, n_args: int, kw_names: tuple[str, ...],
            autocast: torch.dtype | None) -> fx.GraphModule:
     """The joint forward + backward graph, with descriptors: AOTAutograd straight on the module
-    (``aten_direct``), else (anything that route does not capture) torch.export then AOTAutograd."""
-    if not _THROUGH_EXPORT[0]:
-        traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, flat)
+    (``aten_direct``), else torch.export then AOTAutograd. The direct route takes models on the meta
+    device (traced as a fake copy, where it gives export's graph node for node); a model with real
+    tensors, and anything the direct route cannot trace, go through export (which, given one tensor
+    as two inputs or a tied weight, wires them its own way)."""
+    if not _THROUGH_EXPORT[0] and _on_meta(model, flat):  # the fake copy: fresh inputs, each weight its own
+        traced, traced_flat = _fake_copy(model, flat)
         try:
             with _capture_contexts(autocast) as stack:
                 return joint_direct(_Step(traced, loss_fn, n_args, kw_names), traced_flat, decompositions(), stack)
