@@ -102,16 +102,18 @@ def test_hints_on_a_few_names_find_what_a_full_scan_finds(graph):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "zoo"])
-def test_capture_without_export_gives_the_graph_export_gives(kind):
-    """AOTAutograd straight on the module (one trace) and torch.export then AOTAutograd (two) make the same
-    graph: names, attributes, module paths, source lines, backward owners, parameters, gradients."""
+def test_capture_without_export_gives_the_graph_export_gives(kind, monkeypatch):
+    """AOTAutograd straight on a meta-device module (one trace) and torch.export then AOTAutograd (two) make
+    the same graph: names, attributes, module paths, source lines, backward owners, parameters, gradients."""
+    from sbplab.compiler.frontend import aten_capture
     from sbplab.compiler.frontend.aten_capture import capture_aten, through_export
 
     if kind == "zoo":
         torch.manual_seed(0)
         model = sl.models.GPT(sl.models.GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=4, n_embd=32))
         (idx,), t = model.example_batch(2)
-        args, kwargs, loss_fn, targets = (idx,), {}, model.loss_fn, (t,)
+        model.to("meta")
+        args, kwargs, loss_fn, targets = (idx.to("meta"),), {}, model.loss_fn, (t.to("meta"),)
     else:
         cfg = (tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0) if kind == "gpt2" else
@@ -122,9 +124,16 @@ def test_capture_without_export_gives_the_graph_export_gives(kind):
             model = (tf.GPT2LMHeadModel if kind == "gpt2" else tf.LlamaForCausalLM)(cfg).train()
             ids = torch.zeros(2, 8, dtype=torch.int64)
         args, kwargs, loss_fn, targets = (), {"input_ids": ids, "labels": ids}, None, ()
+    exported_route = aten_capture._joint_through_export
+
+    def not_here(*a, **k):
+        raise AssertionError("the direct route fell back to torch.export")
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        monkeypatch.setattr(aten_capture, "_joint_through_export", not_here)
         direct, direct_grads = capture_aten(model, args, kwargs, loss_fn, targets)
+        monkeypatch.setattr(aten_capture, "_joint_through_export", exported_route)
         with through_export():
             exported, exported_grads = capture_aten(model, args, kwargs, loss_fn, targets)
     assert any(o.module and o.source for o in direct.ops)  # module paths and source lines recorded
