@@ -34,7 +34,10 @@ def rank_orders(plan: ActorPlan) -> dict[int, list[tuple[str, int]]]:
     one pass over the global order)."""
     out: dict[int, list[tuple[str, int]]] = {r: [] for r in plan.ranks}
     for s in plan.comm_order or ():
-        out.setdefault(s.rank, []).append((s.actor, s.micro))
+        row = out.get(s.rank)
+        if row is None:
+            row = out[s.rank] = []
+        row.append((s.actor, s.micro))
     return out
 
 
