@@ -22,6 +22,15 @@ autocast (the weights reach the matmuls through casts) and would leave the TP ro
 (default 4). Goal: each row within 10% of the published figure, each in under 60 s here (the phases are
 timed in this process's CPU seconds: on a shared machine the wall clock counts others' turns).
 
+Where the time goes. Compiling no longer grows with the dropouts: a random op's stream is left out of the
+keys of the signature and FLOP caches, so every dropout of one shape is checked once (the 3.6B row's
+compile took 52 s re-inferring dropout on meta tensors 77,000 times). The physical graph infers an op's
+global outputs once for all its ranks. The simulator works out shapes and costs once per group of alike
+ranks (``sim/alike.py``) and its engine runs one rank per symmetry class (``sim/symmetry.py``). What
+still grows with ranks x layers is one actor per op instance per rank: lowering them
+(``compiler/lowering/to_actors.py``), the runtime's checks and communication order over them, and the
+per-rank keys that find the alike groups.
+
 What Megatron-LM did beyond the graph is priced as ``sim/framework.py``'s ``MEGATRON_LM_2021`` says, each
 figure sourced there: full recomputation reruns the whole layer forward, the data-parallel gradient
 all-reduce runs after the backward, the mixed-precision optimizer's own traffic. ``--as-sbplab`` predicts
