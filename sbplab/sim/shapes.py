@@ -19,7 +19,7 @@ import torch
 
 from ..freeze import freeze
 from ..layout import balanced_sizes, local_shape
-from ..ops.registry import REGISTRY, TensorMeta
+from ..ops.registry import REGISTRY, RNG_ATTRS, TensorMeta
 from ..runtime.specs import Accumulate, Actor, Collective, Compute, Recv, Send, Sink, Source, State
 from .sim_errors import SimulationError
 
@@ -46,13 +46,9 @@ def hashable_attrs(attrs: object) -> object:
     return key
 
 
-# Where a random op's numbers come from (its stream, and the rank's block of the global draw:
-# ``ops/aten/family_random.py``): no bearing on its shapes or its cost, but different on every op and rank,
-# so kept out of the keys that let ranks and layers share one shape inference and one cost.
-RNG_ATTRS = ("stream", "draw")
-
-
 def _cost_attrs(attrs: object) -> object:
+    """``attrs`` less ``RNG_ATTRS`` (a random op's stream and draw: no bearing on its shapes or its cost, but
+    different on every op and rank), so ranks and layers share one shape inference and one cost."""
     if isinstance(attrs, dict) and any(k in attrs for k in RNG_ATTRS):
         return {k: v for k, v in attrs.items() if k not in RNG_ATTRS}
     return attrs
