@@ -10,17 +10,18 @@ imports a process's first capture makes (torch.export, AOTAutograd: ``import_cap
 before the clock, once per process like importing torch). The model is built on the meta device:
 compiling needs shapes, not weights, so no 1.2 GB of parameters are allocated. Goals: nn.Module to
 actor plan under 2 s for transformers' GPT-2 24 x 1024 (seq 1024) on 2x4, under 3 s for a 32-layer
-Llama; measured on a shared 2-core machine (load 7-8): 2.5 and 3.8-4.1 CPU s (README has each pass).
+Llama; measured on a shared 2-core machine (load 3-8): 1.9-2.5 and 3.2-3.8 CPU s (README has each pass).
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2   # transformers' own model, captured at ATen level
     .venv/bin/python benchmarks/bench_compile.py --hf llama --layers 32 --width 4096 --heads 32 --vocab 32000
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2 --compare   # identical layers once vs every layer
 
-With ``--hf``, the first pass is the ATen capture (torch.export and torch's autograd on fake tensors,
-then the optimizer) of a transformers model built from its config on the meta device, as ``sl.compile``
-captures it (the cross entropy on vocabulary shards where the strategy splits the vocabulary); a stack of
-identical layers is captured once and copied (``layer_repeat``), ``--whole`` captures every layer.
+With ``--hf``, the first pass is the ATen capture (torch's autograd on fake tensors, traced straight from
+the module as ``aten_direct`` does, then the optimizer) of a transformers model built from its config on
+the meta device, as ``sl.compile`` captures it (the cross entropy on vocabulary shards where the strategy
+splits the vocabulary); a stack of identical layers is captured once and copied (``layer_repeat``),
+``--whole`` captures every layer.
 ``--compare`` runs both, each in a fresh process, and prints their passes side by side.
 """
 
@@ -101,7 +102,7 @@ def main() -> None:
         # as sl.compile captures it: the cross entropy written for vocabulary shards where the strategy splits it
         with whole_capture() if args.whole else contextlib.nullcontext(), sharded_loss(splits_vocabulary(strategy)):
             graph = aten_training_graph(model, {"input_ids": ids, "labels": ids}, None, None, 1, Adam(lr=1e-4))
-        done("ATen capture (export, joint graph) + optimizer")
+        done("ATen capture (joint graph, layers once) + optimizer")
     else:
         graph = from_torch(model, (idx,), GPT.loss_fn, idx)
         done("trace (torch.fx -> logical graph)")
