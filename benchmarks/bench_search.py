@@ -16,9 +16,10 @@ batch 8 x 1024 tokens) on 8 H100 (goal: under 10 s and 2 GB of host memory), and
 wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The machine's load average
 is printed beside them: on a shared machine the seconds grow with it, so each row also gives the
 search's own CPU seconds (it starts no other process), how many candidates the re-rank simulated, and
-how many it skipped by their floor (``search/sim_floor.py``). Last measured on a 2-core machine at a load
-of 4.2: GPT-2 small 29.1 s (18.8 s of CPU, 0.73 GB; 6 finalists simulated, 3 skipped); the 16-layer GPT
-on 64, 179 s (81 s of CPU, 2.18 GB; 10 simulated, 4 skipped). Before the floors: 32 s and 110 s of CPU.
+how many it skipped by their floor (``search/sim_floor.py``). Last measured on a 2-core machine, back to
+back with the tree before those floors (in brackets): GPT-2 small 14.8 s of wall clock and of CPU at a
+load of 1.5 [21.2 s], 0.73 GB [0.84], 6 finalists simulated and 3 skipped [9 simulated]; the 16-layer
+GPT on 64, 65 s of CPU [99 s], 2.07 GB [3.41], 10 simulated and 4 skipped [14 simulated].
 """
 
 from __future__ import annotations
