@@ -146,3 +146,20 @@ def _same_graph(g) -> tuple:
             o.module, o.source, o.forward_op) for o in g.ops]
     tensors = [(t.name, t.meta.shape, t.meta.dtype, t.role, t.module) for t in g.tensors.values()]
     return ops, tensors, g.loss, dict(g.state_updates), list(g.params), list(g.inputs)
+
+
+def test_one_tensor_given_as_two_inputs_stays_two_inputs():
+    """``{"input_ids": x, "labels": x}`` (one tensor, a causal LM's usual call) on a model with real tensors:
+    the embedding reads ``input_ids`` and the loss ``labels``, so a later batch whose labels differ feeds each
+    where it belongs (traced as one tensor, every read went to ``labels``)."""
+    from sbplab.compiler.frontend.aten_capture import capture_aten
+
+    cfg = tf.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = tf.GPT2LMHeadModel(cfg).train()
+    x = torch.randint(0, 64, (2, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g, _ = capture_aten(model, (), {"input_ids": x, "labels": x})
+    assert g.consumers("input_ids") and g.consumers("labels")  # each read (before: input_ids by nothing)
+    assert not {op.name for op in g.consumers("input_ids")} & {op.name for op in g.consumers("labels")}

@@ -230,7 +230,7 @@ def _joint_through_export(model: nn.Module, flat: tuple, loss_fn: Callable | Non
     """torch.export then torch's autograd: the joint forward + backward graph, with descriptors."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, flat)
+    traced, traced_flat = _fake_copy(model, flat) if _on_meta(model, flat) else (model, _distinct(flat))
     step = _Step(traced, loss_fn, n_args, kw_names)
     try:
         with _capture_contexts(autocast) as stack:
@@ -241,6 +241,15 @@ def _joint_through_export(model: nn.Module, flat: tuple, loss_fn: Callable | Non
     except Exception as e:  # noqa: BLE001  (torch's own tracing errors, reworded with what to do)
         raise CaptureError(_capture_failure(model, e)) from e
     return joint.graph_module
+
+
+def _distinct(flat: tuple) -> tuple:
+    """The inputs with a tensor given twice (``input_ids`` as ``labels``) copied: traced as one tensor, every
+    read of either would go to one graph input, and a later batch whose two differ would feed one to both."""
+    out: list = []
+    for x in flat:
+        out.append(x.clone() if isinstance(x, torch.Tensor) and any(x is y for y in out) else x)
+    return tuple(out)
 
 
 def _on_meta(model: nn.Module, flat: tuple) -> bool:
