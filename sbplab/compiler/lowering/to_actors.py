@@ -147,8 +147,12 @@ class _Lowering:
     def node(self, n: PhysNode) -> None:
         # with one micro-batch, "each" and "after" coincide: everything fires once per step
         scope = "micro" if n.when == "each" and self.phys.micro_batches > 1 else "step"
-        self.name[n.id] = f"n{n.id}"
+        name = self.name[n.id] = f"n{n.id}"
         self.scope[n.id] = "step" if n.accumulate else scope
+        if n.kind == "compute" and not n.accumulate:  # most nodes: one kernel
+            self.add(n, Compute(name, op=n.op, attrs=n.attrs, inputs=tuple(map(self.ref, n.inputs)),
+                                outputs=len(n.out_shapes), phase=n.phase, scope=scope, registers=self.regs(n)))
+            return
         common = dict(phase=n.phase, scope=scope, registers=self.regs(n))
         if n.kind == "source":
             self.source(n)
@@ -163,9 +167,6 @@ class _Lowering:
                                 inputs=tuple(map(self.ref, n.inputs)), **common))
             self.add(n, Accumulate(f"n{n.id}", inputs=(Ref(f"n{n.id}.term"),), reduce="sum", phase=n.phase,
                                    registers=2))
-        elif n.kind == "compute":
-            self.add(n, Compute(f"n{n.id}", op=n.op, attrs=n.attrs, inputs=tuple(map(self.ref, n.inputs)),
-                                outputs=len(n.out_shapes), **common))
         elif n.kind == "boxing" and n.collective in self.bucket_of:
             self.bucket_member(n, common)
         elif n.kind == "boxing" and n.attrs["plan_step"].kind_obj.lowering == "collective":
