@@ -2,7 +2,7 @@
 as a compiled one (``sbplab/ops/aten/rules.py``: one home per rule).
 
 ``x @ w`` on 2-D tensors is ``aten.mm``, as in a captured graph; ``x.mean(0)`` is ``aten.sum`` then
-``aten.div`` by the global count, as the capture decomposes it (``aten_decomp.py``), so a mean over a
+``aten.div`` by the global count, as the capture decomposes it (``ops/aten/decompositions.py``), so a mean over a
 split dim is a partial sum kept partial by the division. A call that torch runs as several ATen ops
 (a mean, a matmul of an N-D tensor by a matrix: view, mm, view) is several eager ops; a forced
 signature or output SBP applies to its main op (the ``mm``, the ``sum``).

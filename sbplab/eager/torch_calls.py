@@ -2,7 +2,7 @@
 torch itself records for it, traced once per shapes and arguments.
 
 Why trace rather than map names to ops by hand: the capture (``compiler/frontend/aten_capture.py``)
-records what torch's dispatcher runs, after the same decompositions (``aten_decomp.py``); tracing the
+records what torch's dispatcher runs, after the same decompositions (``ops/aten/decompositions.py``); tracing the
 same torch function the same way on meta tensors gives the same ATen ops (``F.linear`` of a 3-D input
 is view, t, addmm, view; ``F.cross_entropy`` is log-softmax and the decomposed NLL), so a lone op and
 a compiled one are decided by the same family rule (``sbplab/ops/aten/rules.py``): one home per rule.
@@ -92,7 +92,7 @@ def traced_steps(name: str, metas: list[TensorMeta], attrs: dict) -> Traced:
 def _trace(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> Traced:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from ..compiler.frontend.aten_decomp import decompositions
+    from ..ops.aten.decompositions import decompositions
 
     call = TORCH_CALLS[name]
     attrs = dict(frozen)

@@ -40,9 +40,9 @@ from ...errors import SbplabError
 from ...gc_pause import without_gc
 from ...ops.aten.attention import AttentionMode
 from ...ops.aten.calls import DeviceSlot, Slot, library_of
+from ...ops.aten.decompositions import decompositions
 from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
-from .aten_decomp import decompositions
 from .aten_direct import joint_direct
 from .fx_trace import source_of
 from .layer_repeat import cut_to, find_layer_stack, repeat_layers
