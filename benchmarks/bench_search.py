@@ -17,9 +17,10 @@ wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The
 is printed beside them: on a shared machine the seconds grow with it, so each row also gives the
 search's own CPU seconds (it starts no other process), how many candidates the re-rank simulated, and
 how many it skipped by their floor (``search/sim_floor.py``). Last measured on a 2-core machine, back to
-back with the tree before those floors (in brackets): GPT-2 small 14.8 s of wall clock and of CPU at a
-load of 1.5 [21.2 s], 0.73 GB [0.84], 6 finalists simulated and 3 skipped [9 simulated]; the 16-layer
-GPT on 64, 65 s of CPU [99 s], 2.07 GB [3.41], 10 simulated and 4 skipped [14 simulated].
+back with the same tree but the search before those floors (in brackets): GPT-2 small 14.9 s of CPU
+[17.3, 18.0], 23-25 s of wall clock at a load of 3-5 [27-28 s], 0.73 GB [0.79], 6 finalists simulated and
+3 skipped [9 simulated]; the 16-layer GPT on 64, 67 s of CPU [75 s], 2.07 GB [3.35], 10 simulated and 4
+skipped [14 simulated].
 """
 
 from __future__ import annotations
