@@ -248,3 +248,14 @@ def test_front_end_files_follow_the_widget_conventions():
     for text in (js, css):  # colours only from the JupyterLab theme
         assert not re.search(r"#[0-9a-fA-F]{3,8}\b|\brgba?\(|\bhsla?\(", text)
         assert all(v.startswith("--jp-") for v in re.findall(r"var\((--[\w-]+)", text))
+
+
+def test_a_finalist_spared_the_simulator_shows_its_floor_as_a_bound(builder):
+    p = SearchPanel(builder, **SMALL)
+    row = {"strategy": "zero-3 x2", "searched": False, "user": False, "model": "simulated floor; memory analytic",
+           "ms": 1.5, "memory": 2048, "ratio": 1.25, "at_least": True, "devices": 2, "analytic_ms": 1.4,
+           "simulated_ms": None}
+    p.rows = [row, {**row, "strategy": "data parallel x2", "at_least": False, "ratio": 1.0}]
+    html = p.static_html()
+    assert "&gt;=1.5" in html and "&gt;=1.25x" in html  # the bound, marked (escaped)
+    assert "data parallel x2" in html and html.count("&gt;=") == 2 and "1.00x" in html

@@ -151,7 +151,9 @@ function render({ model, el, host }) {
     for (const r of rows) {
       table.append(h("tr", { class: r.searched ? "searched" : "", "data-searched": String(r.searched) },
         h("td", { text: r.strategy }), h("td", { text: fmtMs(r.analytic_ms) }), h("td", { text: fmtBytes(r.memory) }),
-        h("td", { text: fmtMs(r.simulated_ms) }), h("td", { text: r.ratio == null ? "-" : `${r.ratio.toFixed(2)}x` })));
+        // a finalist the simulator was spared shows the floor it cannot go below, marked ">=" (SearchResult.rows)
+        h("td", { text: r.at_least ? `>=${fmtMs(r.ms)}` : fmtMs(r.simulated_ms), title: r.at_least ? r.model : "" }),
+        h("td", { text: r.ratio == null ? "-" : `${r.at_least ? ">=" : ""}${r.ratio.toFixed(2)}x` })));
     }
     explanation.textContent = model.get("explanation");
     openBtn.disabled = searching || !rows.length;

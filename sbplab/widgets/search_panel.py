@@ -218,8 +218,9 @@ class SearchPanel(SbplabWidget):
 
     def static_html(self) -> str:
         """The last search's winner and its table, or the settings it would search with."""
-        rows = [(r["strategy"], r["model"], f"{r['ms']:.4g}", fmt_bytes(r["memory"]),
-                 "-" if r["ratio"] is None else f"{r['ratio']:.2f}x") for r in self.rows]  # SearchResult.rows
+        least = [">=" if r.get("at_least") else "" for r in self.rows]  # a floor, not simulated (SearchResult.rows)
+        rows = [(r["strategy"], r["model"], f"{m}{r['ms']:.4g}", fmt_bytes(r["memory"]),
+                 "-" if r["ratio"] is None else f"{m}{r['ratio']:.2f}x") for r, m in zip(self.rows, least)]
         return static.card(f"SearchPanel: {self.summary or 'not searched yet'}", [
             static.line(f"for {self.result_for}" if self.result_for else ""), static.line(self.error),
             static.table(("strategy", "model", "ms/step", "memory", "vs chosen"), rows)])
