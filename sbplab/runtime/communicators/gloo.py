@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .interface import Capabilities, Work
-from .torch_dist import OPS, TorchDistCommunicator
+from .torch_dist import OPS, REDUCE_SCATTER_SINGLE, TorchDistCommunicator
 
 
 class GlooCommunicator(TorchDistCommunicator):
@@ -39,4 +39,4 @@ class GlooCommunicator(TorchDistCommunicator):
     def reduce_scatter(self, out, x, op, group) -> Work:
         pg, xc = self._pg(group, "reduce_scatter"), x.contiguous()
         return self._averaged(op, "reduce_scatter", out, len(group),
-                              lambda o: dist.reduce_scatter_tensor(out, xc, op=o, group=pg, async_op=True))
+                              lambda o: REDUCE_SCATTER_SINGLE(out, xc, op=o, group=pg, async_op=True))

@@ -12,6 +12,9 @@ import torch.distributed as dist
 from .interface import Communicator, CommunicatorError, Work
 
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+# one tensor in, one tensor out: named *_single from torch 2.13 (the *_tensor names warn there), older before
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def init_world(backend: str, rank: int, world_size: int, init_method: str | None, timeout_s: float = 1800.0,
@@ -78,11 +81,11 @@ class TorchDistCommunicator(Communicator):
                                           async_op=True), "all_reduce")
 
     def all_gather(self, out, x, group) -> Work:
-        return self._work(dist.all_gather_into_tensor(out, x.contiguous(), group=self._pg(group, "all_gather"),
-                                                      async_op=True), "all_gather")
+        return self._work(ALL_GATHER_SINGLE(out, x.contiguous(), group=self._pg(group, "all_gather"),
+                                                 async_op=True), "all_gather")
 
     def reduce_scatter(self, out, x, op, group) -> Work:
-        return self._work(dist.reduce_scatter_tensor(out, x.contiguous(), op=self._op(op, "reduce_scatter"),
+        return self._work(REDUCE_SCATTER_SINGLE(out, x.contiguous(), op=self._op(op, "reduce_scatter"),
                                                      group=self._pg(group, "reduce_scatter"), async_op=True),
                           "reduce_scatter")
 
