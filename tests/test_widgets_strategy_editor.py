@@ -372,3 +372,25 @@ def test_a_step_over_the_limit_is_predicted_on_request(builder):
     assert e.predict_note == ""
     e.preset = "dp"
     assert e.predicted_version == e.version and "predict" in e.timings_ms
+
+
+class _OneLayerHead(torch.nn.Module):
+    """A single Linear straight into the loss: Megatron's column/row pair has nothing to pair with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):  # (N, 16) -> (N, 8)
+        return self.fc(x)
+
+
+def test_a_preset_whose_tensor_parallelism_splits_nothing_carries_a_badge(builder):
+    x, y = torch.randn(8, 16), torch.randint(0, 8, (8,))
+    e = StrategyEditor(_OneLayerHead(), (x,), target=y, loss_fn=torch.nn.functional.cross_entropy,
+                       preset="tp", mesh="2")
+    assert e.compiled is not None and e.preset_badge == "splits nothing"
+    assert "split nothing" in e.note and "fc" in e.note
+    e.configure(preset="dp")  # the badge belongs to the preset that earned it
+    assert e.preset_badge == "" and "split nothing" not in e.note
+    assert StrategyEditor(builder, preset="tp", mesh="2").preset_badge == ""  # the MLP's pairs split

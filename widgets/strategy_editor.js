@@ -8,7 +8,7 @@ const DERIVED = [
   "stage_of", "selected_op", "op_phase", "op_filter", "graph_kind", "graph_phases", "graph_ranks", "collapse",
   "preset_names", "inner_names", "optimizer_names", "hint_roles", "strategy_name", "modules", "ops", "ops_note",
   "candidates", "explain", "graph_svg", "graph_text", "graph_note", "memory_rows", "memory_svg", "memory_text",
-  "comm_rows", "comm_svg", "comm_text", "summary", "error", "note", "timings_ms", "stale",
+  "comm_rows", "comm_svg", "comm_text", "summary", "error", "note", "preset_badge", "timings_ms", "stale",
   "auto_predict", "hardware_name", "predicted", "predicted_version", "version", "predict_error", "predict_note",
 ];
 const PHASES = ["forward", "backward", "update"];
@@ -48,6 +48,7 @@ function render({ model, el }) {
 
   // --- inputs -------------------------------------------------------------------------------------
   const presetSel = h("select", { "data-testid": "preset-select" });
+  const presetBadge = h("span", { class: "se-badge", "data-testid": "preset-badge" });
   presetSel.addEventListener("change", () => commit("preset", presetSel.value));
   const meshIn = h("input", { type: "text", "data-testid": "mesh-input", spellcheck: "false" });
   onEnterOrChange(meshIn, (v) => commit("mesh_text", v));
@@ -142,7 +143,7 @@ function render({ model, el }) {
   const summary = h("pre", { class: "se-text", "data-testid": "summary" });
 
   el.append(
-    h("div", { class: "se-inputs" }, field("preset", presetSel), field("mesh", meshIn),
+    h("div", { class: "se-inputs" }, field("preset", presetSel), presetBadge, field("mesh", meshIn),
       field("micro-batches", microIn), pipeFields, field("optimizer", optSel), field("lr", lrIn)),
     error, note, status, predBox,
     h("div", { class: "se-columns" },
@@ -282,6 +283,9 @@ function render({ model, el }) {
     showValue(filterIn, model.get("op_filter"));
     error.textContent = model.get("error");
     error.hidden = !model.get("error");
+    presetBadge.textContent = model.get("preset_badge");
+    presetBadge.hidden = !model.get("preset_badge");
+    presetBadge.title = model.get("note");
     note.textContent = model.get("note");
     note.hidden = !model.get("note");
     const ms = model.get("timings_ms") || {};

@@ -20,6 +20,7 @@ beside the error, so a typo does not wipe what the person was looking at, while 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 import traitlets as t
 
 from ..compiler.api import Compiled
+from ..compiler.deduction.strategy import TensorParallelWarning
 from ..compiler.ir import Graph
 from ..compiler.physical.expand import lower
 from ..compiler.physical.memory import memory_report
@@ -102,6 +104,8 @@ class StrategyEditor(EditorPrediction):
     summary = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
     note = t.Unicode("").tag(sync=True)
+    # beside the preset: its tensor parallelism "split nothing" or "left layers whole" in this model
+    preset_badge = t.Unicode("").tag(sync=True)
     timings_ms = t.Dict().tag(sync=True)  # where the last recompute spent its time
     version = t.Int(0).tag(sync=True)  # +1 after every successful recompute
     stale = t.Bool(False).tag(sync=True)  # the views show the last valid result: the settings have an error
@@ -280,7 +284,16 @@ class StrategyEditor(EditorPrediction):
 
     def _deduce(self, train: Graph, st: Any, cause: str, notes: list[str]):
         """Deduce with the chosen signatures; choices that stopped fitting are dropped, with a note."""
-        g, d, kept, dropped = form.deduce_with_choices(train, st, self.choices, strict=cause == "choices")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            g, d, kept, dropped = form.deduce_with_choices(train, st, self.choices, strict=cause == "choices")
+        said = [w.message for w in caught if isinstance(w.message, TensorParallelWarning)]
+        for w in caught:  # the others go on as they came
+            if not isinstance(w.message, TensorParallelWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.preset_badge = ("" if not said else "splits nothing" if any(m.split_nothing for m in said)
+                             else "layers left whole")
+        notes += [str(m) for m in said]
         if kept != self.choices:
             self.set_trait("choices", kept)
         notes += dropped

@@ -50,7 +50,12 @@ if TYPE_CHECKING:
 
 
 class TensorParallelWarning(UserWarning):
-    """A tensor-parallel rule left layers whole (or, when the rule may miss, split nothing in a model)."""
+    """A tensor-parallel rule left layers whole (or, when the rule may miss, split nothing in a model).
+    ``split_nothing`` tells the two apart for views that badge the preset (the StrategyEditor)."""
+
+    def __init__(self, message: str, split_nothing: bool = False) -> None:
+        super().__init__(message)
+        self.split_nothing = split_nothing
 
 
 class TensorParallelError(HintError):
@@ -233,14 +238,15 @@ class Strategy:
                         f"tensor_parallel split nothing in this model ({rule.describe()} on {self.name!r}): {why}; "
                         f"strategy.explain(model) says why for each layer; drop the rule or split layers by hand "
                         f"with hints")
-                warnings.warn(f"{self.name}: tensor parallelism split nothing in this model ({why}); these layers "
-                              f"run whole on every rank of mesh axis {rule.axis}; strategy.explain(model) says why "
-                              f"for each", TensorParallelWarning, stacklevel=3)
+                warnings.warn(TensorParallelWarning(
+                    f"{self.name}: tensor parallelism split nothing in this model ({why}); these layers run whole "
+                    f"on every rank of mesh axis {rule.axis}; strategy.explain(model) says why for each",
+                    split_nothing=True), stacklevel=3)
             elif use.warnings:
                 shown = "; ".join(_short(w) for w in use.warnings[:4]) + \
                     (f"; ... ({len(use.warnings)} in all)" if len(use.warnings) > 4 else "")
-                warnings.warn(f"{self.name}: {rule.describe()} left some layers whole ({shown})",
-                              TensorParallelWarning, stacklevel=3)
+                warnings.warn(TensorParallelWarning(f"{self.name}: {rule.describe()} left some layers whole ({shown})"),
+                              stacklevel=3)
 
     def explain(self, model: Any, example_inputs: Any = None, loss_fn: Callable | None = None,
                 target: Any = None) -> str:
