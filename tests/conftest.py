@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -10,9 +11,15 @@ from hypothesis import settings
 
 
 def pytest_configure(config):
-    """``make test-fast`` (SBPLAB_TEST_FAST=1) deselects the multiprocess, browser, faults and slow
+    """A suite started in the background of a non-interactive shell (``make test &``, ``nohup``) inherits
+    SIGINT ignored, and so would every worker and driver it starts: the Ctrl-C tests would test the
+    launcher, not sbplab. Python's own handler is put back, so children start with the default again.
+
+    ``make test-fast`` (SBPLAB_TEST_FAST=1) deselects the multiprocess, browser, faults and slow
     markers; a test that starts worker processes without its marker fails there, so the inner loop
     stays fast and the markers stay true."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("SBPLAB_TEST_FAST") == "1":
         from sbplab.runtime import cluster
 
