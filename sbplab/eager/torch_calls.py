@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import InputError, OpError
 from ..freeze import freeze
-from ..ops.aten.calls import DeviceSlot, Slot
+from ..ops.aten.calls import ALIASES, SKIPPED, DeviceSlot, Slot, op_name
 from ..ops.registry import TensorMeta
 from .aten_eager import AtenStep
 
@@ -64,8 +64,6 @@ TORCH_CALLS: dict[str, TorchCall] = {
     "scale": TorchCall("x", ("factor",), lambda a: lambda x: x * a["factor"]),
     "add_scalar": TorchCall("x", ("value",), lambda a: lambda x: x + a["value"]),
 }
-SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg"}
-ALIASES = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +123,7 @@ def _to_steps(name: str, gm: torch.fx.GraphModule) -> Traced:
             src, k = node.args
             env[node] = env[src][k]  # type: ignore[index]
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            op = f"{node.target.namespace}.{node.target._opname}.{node.target._overloadname}"
+            op = op_name(node.target)
             if op in SKIPPED:
                 env[node] = None
                 continue

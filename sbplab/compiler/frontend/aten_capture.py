@@ -39,7 +39,7 @@ import torch.nn as nn
 from ...errors import SbplabError
 from ...gc_pause import without_gc
 from ...ops.aten.attention import AttentionMode
-from ...ops.aten.calls import DeviceSlot, Slot, library_of
+from ...ops.aten.calls import ALIASES, SKIPPED, DeviceSlot, Slot, library_of, op_name
 from ...ops.aten.decompositions import decompositions
 from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
@@ -48,10 +48,6 @@ from .fx_trace import source_of
 from .layer_repeat import cut_to, find_layer_stack, repeat_layers
 from .layer_repeat import enabled as repeat_enabled
 from .vocab_cross_entropy import capture_mode
-
-SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
-           "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"}
-ALIASES = {"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default"}
 
 
 class CaptureError(GraphError):
@@ -140,10 +136,6 @@ def _module_of(node: fx.Node) -> str:
     path = list(stack.values())[-1][0]
     path = path.split(".", 1)[1] if path.startswith("m.") else ("" if path == "m" else path)
     return path
-
-
-def _op_name(target: Any) -> str:
-    return f"{target.namespace}.{target._opname}.{target._overloadname}"
 
 
 @without_gc
@@ -363,7 +355,7 @@ def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated
     if not isinstance(node.target, torch._ops.OpOverload):
         raise CaptureError(f"captured node {node.name} calls {node.target!r}, which is not an ATen op"
                            f" (at {source_of(node) or 'an unknown line'})")
-    name = _op_name(node.target)
+    name = op_name(node.target)
     if name in SKIPPED:
         env[node] = None
         return

@@ -18,6 +18,16 @@ import torch
 
 from ..registry import UnknownOpError
 
+# nodes a captured graph drops (shape checks) and nodes that only rename their input (the same tensor)
+SKIPPED = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+                     "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"})
+ALIASES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default"})
+
+
+def op_name(target: torch._ops.OpOverload) -> str:
+    """``aten.mm.default``: the name rules, plans and errors know an ATen overload by."""
+    return f"{target.namespace}.{target._opname}.{target._overloadname}"
+
 
 @dataclass(frozen=True)
 class Slot:
