@@ -15,6 +15,7 @@ from ...gc_pause import without_gc
 from ...ops.registry import get_op
 from ..ir import Graph, GraphError, OpNode
 from .grad_rules import attach_rules
+from .op_vjp import backward_of
 
 
 class _Ctx:
@@ -46,7 +47,7 @@ def _requires_grad(graph: Graph) -> set[str]:
     return req
 
 
-def differentiate(graph: Graph, loss: str, seed: float = 1.0) -> dict[str, str]:
+def differentiate(graph: Graph, loss: str, seed: float = 1.0, by_torch: bool = False) -> dict[str, str]:
     """Append the backward pass of ``loss`` to ``graph``; returns param -> gradient tensor.
 
     ``seed`` is d(objective)/d(loss): 1 for one batch, 1/M when the objective is the mean over M
@@ -65,7 +66,7 @@ def differentiate(graph: Graph, loss: str, seed: float = 1.0) -> dict[str, str]:
     forward = [op for op in graph.ops if op.phase == "forward"]
     missing = sorted({op.type for op in forward if get_op(op.type).grad is None
                       and any(i in requires for i in op.inputs)})
-    if missing:
+    if missing and not by_torch:
         raise GraphError(f"no gradient rule for op(s) {missing}; these ops cannot be trained through")
     for op in reversed(forward):
         if not any(o in contribs for o in op.outputs) or not any(i in requires for i in op.inputs):
@@ -75,7 +76,10 @@ def differentiate(graph: Graph, loss: str, seed: float = 1.0) -> dict[str, str]:
         for o, go in zip(op.outputs, gouts):
             if go is not None:
                 graph.tensor_grads[o] = go
-        grads = get_op(op.type).grad(ctx, op, gouts)
+        if by_torch:
+            grads = backward_of(graph, op, [i in requires for i in op.inputs], gouts)
+        else:
+            grads = get_op(op.type).grad(ctx, op, gouts)
         if len(grads) != len(op.inputs):
             raise GraphError(f"gradient rule of {op.type!r} returned {len(grads)} grads for {len(op.inputs)} inputs")
         graph.input_grads[op.name] = tuple(gi if inp in requires else None for inp, gi in zip(op.inputs, grads))
