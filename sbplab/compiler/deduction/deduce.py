@@ -37,7 +37,8 @@ from ...sbp import B, Broadcast, NdSbp, Partial, Split, fmt_sbp, is_chunked
 from ..ir import Graph, OpNode
 from .caches import COSTS, PLANS
 from .decisions import Boxing, OpChoice
-from .ranking import Scored, options, rank_signatures, wanted_outputs
+from .layers import layer_twins
+from .ranking import Scored, options, pinned_inputs, rank_signatures, wanted_outputs
 from .signature_hints import SignatureError, SignatureHint, forced_signatures
 from .staging import assign_placements
 from .strategy import Hint, HintError, Strategy
@@ -60,6 +61,9 @@ class Deduction:
         self.forced: dict[str, tuple[NdSignature, SignatureHint]] = {}  # op -> signature a hint gives it
         self.successor_of = {new: old for old, new in graph.state_updates.items()}
         self._shared: dict[tuple, int] = {}
+        self.twins: dict[str, str] = {}  # op -> its twin one layer earlier (layers.py)
+        self._asked: dict[str, tuple[tuple, Scored] | None] = {}  # twins: question and ranking, as asked
+        self.copied = 0  # ops that took their twin's ranking instead of ranking their signatures again
 
     # --- boxing plans, cached across deductions ----------------------------------------------------
     def plan(self, tensor: str, src: NdSbp, dst: NdSbp, src_pl: Placement, dst_pl: Placement) -> BoxingPlan:
@@ -247,13 +251,30 @@ def _reason(best: RankedSignature, used: list[str]) -> str:
             f"{best.boxing_steps} step(s))")
 
 
+def _ranking(d: Deduction, op: OpNode, have: tuple, want_out: dict) -> Scored:
+    """``rank_signatures``, or the ranking ``op``'s twin one layer earlier got for the same question
+    (``layers.py``: the rest of the question was found equal when the twins were paired)."""
+    twin = d.twins.get(op.name)
+    if twin is None and op.name not in d._asked:
+        return rank_signatures(d, op, have, want_out)
+    question = (have, tuple((j, w, pl) for j, (w, pl, _) in want_out.items()), pinned_inputs(d, op))
+    asked = d._asked.get(twin) if twin is not None else None
+    if asked is not None and asked[0] == question:
+        scored = asked[1]
+        d.copied += 1
+    else:
+        scored = rank_signatures(d, op, have, want_out)
+    d._asked[op.name] = (question, scored)
+    return scored
+
+
 def choose(d: Deduction, op: OpNode) -> None:
     """Give ``op`` its signature (the forced one, else the chooser's pick), box its inputs, record why."""
     states = [d.read_state(t, op.phase, op.stage) for t in op.inputs]
     have = tuple(sbp for sbp, _ in states)
     used = [t for t, (_, via) in zip(op.inputs, states) if via is not None]  # e.g. ZeRO's gathered params
     want_out = wanted_outputs(d, op)
-    scored = rank_signatures(d, op, have, want_out)
+    scored = _ranking(d, op, have, want_out)
     if op.name in d.forced:
         pick, reason, rejected = _forced_choice(d, op, scored)
     else:
@@ -297,9 +318,12 @@ def deduce(graph: Graph, strategy: Strategy, hardware: Hardware | None = None, *
     d.forced = forced_signatures(graph, strategy.signatures)
     _check_hints(d)
     _source_sbps(d)
+    d.twins = layer_twins(graph, d.placement)
+    d._asked = dict.fromkeys(d.twins.values())  # the twins' questions are kept as they are asked
     for op in graph.ops:
         if not forward_only or op.phase == "forward":
             choose(d, op)
+    d._asked = {}
     if forward_only:
         return d
     for old, new in graph.state_updates.items():
