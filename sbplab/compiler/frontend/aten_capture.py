@@ -45,7 +45,7 @@ from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
 from .aten_direct import joint_direct
 from .fx_trace import source_of
-from .layer_repeat import cut_to, find_layer_stack, repeat_layers
+from .layer_repeat import NODES, cut_to, find_layer_stack, repeat_layers
 from .layer_repeat import enabled as repeat_enabled
 from .vocab_cross_entropy import capture_mode
 
@@ -283,6 +283,7 @@ def _to_graph(gm: fx.GraphModule, model: nn.Module, input_names: list[str], flat
     params_of: dict[str, str] = {}  # captured param name -> graph param
     seq_op: dict[int, str] = {}  # autograd seq_nr -> the forward op it belongs to
     replicated: dict[str, set[str]] = {}
+    sources: dict[str, str] = {}  # stack trace -> the user's line (copied layers share their traces)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             env[node] = _placeholder(g, node, canonical, by_name, input_names, flat, params_of)
@@ -291,7 +292,7 @@ def _to_graph(gm: fx.GraphModule, model: nn.Module, input_names: list[str], flat
             env[node] = g.add_tensor(g.fresh_name(f"const.{node.target}"), tuple(value.shape), "const", value.dtype,
                                      value=value.detach().clone()).name
         elif node.op == "call_function":
-            _call(g, node, env, seq_op, replicated)
+            _call(g, node, env, seq_op, replicated, sources)
         elif node.op == "output":
             grads = _outputs(g, node, env, params_of)
     if replicated:
@@ -332,7 +333,7 @@ def _placeholder(g: Graph, node: fx.Node, canonical: dict, by_name: dict, input_
 
 
 def _template(v: Any, env: dict, inputs: list[str]) -> Any:
-    if isinstance(v, fx.Node):
+    if isinstance(v, NODES):
         name = env[v]
         if name is None:
             return None
@@ -345,7 +346,19 @@ def _template(v: Any, env: dict, inputs: list[str]) -> Any:
     return v
 
 
-def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated: dict[str, set[str]]) -> None:
+def _source(node: fx.Node, sources: dict[str, str]) -> str:
+    """``source_of(node)``, parsed once per distinct stack trace."""
+    trace = node.meta.get("stack_trace")
+    if "sbplab_source" in node.meta or not isinstance(trace, str):
+        return source_of(node)
+    found = sources.get(trace)
+    if found is None:
+        found = sources[trace] = source_of(node)
+    return found
+
+
+def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated: dict[str, set[str]],
+          sources: dict[str, str]) -> None:
     import operator
 
     if node.target is operator.getitem:
@@ -376,11 +389,12 @@ def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated
     module = _module_of(node)
     seq = node.meta.get("seq_nr")
     base = f"{module}.{node.target._opname}" if module else node.target._opname
+    source = _source(node, sources)
     try:
         op = g.add_op(name, inputs, attrs, name=base, phase="backward" if backward else "forward", module=module,
-                      source=source_of(node), forward_op=seq_op.get(seq) if backward else None)
+                      source=source, forward_op=seq_op.get(seq) if backward else None)
     except SbplabError as e:
-        raise CaptureError(f"{name} in module {module or '<top>'} (at {source_of(node) or 'an unknown line'}): {e}") from e
+        raise CaptureError(f"{name} in module {module or '<top>'} (at {source or 'an unknown line'}): {e}") from e
     if not backward and seq is not None:
         seq_op[seq] = op.name
     if not has_rule(name):
@@ -393,7 +407,7 @@ def _outputs(g: Graph, node: fx.Node, env: dict, params_of: dict[str, str]) -> d
     grads: dict[str, str] = {}
     for v, desc in zip(node.args[0], node.meta.get("desc", ())):
         kind = type(desc).__name__
-        name = env.get(v) if isinstance(v, fx.Node) else None
+        name = env.get(v) if isinstance(v, NODES) else None
         if kind == "PlainAOTOutput" and desc.idx == 0:
             g.loss = name
         elif kind == "GradAOTOutput" and name is not None:

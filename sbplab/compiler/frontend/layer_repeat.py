@@ -116,10 +116,52 @@ def cut_to(model: nn.Module, stack: RepeatedLayers, keep: int = KEPT) -> Iterato
         parent._modules[name] = whole
 
 
+class CopiedNode:
+    """A node of the whole stack's graph: what ``aten_capture._to_graph`` reads of an ``fx.Node`` (its kind,
+    target, arguments and metadata), without an ``fx.Graph`` around it. The whole graph is read once, in
+    order, and never traced or run, so the bookkeeping ``fx.Graph.node_copy`` does for each of its tens of
+    thousands of nodes (unique names, user lists, argument checks) would be spent for nothing."""
+
+    __slots__ = ("op", "target", "args", "kwargs", "meta", "name")
+
+    def __init__(self, op: str, target: Any, args: tuple, kwargs: dict, meta: dict, name: str) -> None:
+        self.op, self.target, self.args, self.kwargs, self.meta, self.name = op, target, args, kwargs, meta, name
+
+    @property
+    def stack_trace(self) -> str | None:
+        return self.meta.get("stack_trace")
+
+    def __repr__(self) -> str:
+        return f"CopiedNode({self.name}: {self.op} {self.target})"
+
+
+NODES = (fx.Node, CopiedNode)  # what a captured graph's arguments may reference
+
+
+def _map_nodes(v: Any, f: Callable[[fx.Node], CopiedNode]) -> Any:
+    """``v`` (a node's arguments) with each node replaced by ``f(node)``; lists stay lists, tuples tuples."""
+    if isinstance(v, fx.Node):
+        return f(v)
+    if isinstance(v, tuple):
+        return tuple([_map_nodes(x, f) for x in v])
+    if isinstance(v, list):
+        return [_map_nodes(x, f) for x in v]
+    if isinstance(v, dict):
+        return {k: _map_nodes(x, f) for k, x in v.items()}
+    return v
+
+
+class _Nodes:
+    """The whole stack's graph as ``_to_graph`` walks it: ``nodes`` in order."""
+
+    def __init__(self, nodes: list[CopiedNode]) -> None:
+        self.nodes = nodes
+
+
 class _Repeated:
     """What ``_to_graph`` reads of a GraphModule: its graph, and constants by name from the capture."""
 
-    def __init__(self, graph: fx.Graph, captured: fx.GraphModule):
+    def __init__(self, graph: _Nodes, captured: fx.GraphModule):
         self.graph, self._captured = graph, captured
 
     def __getattr__(self, name: str) -> Any:
@@ -352,7 +394,7 @@ def _rename_desc(desc: Any, prefix: str, src: int, dst: int) -> Any:
     return dataclasses.replace(desc, **changes) if changes else desc
 
 
-def _build(gm: fx.GraphModule, lay: _Layout, prefix: str, n_layers: int) -> fx.Graph:
+def _build(gm: fx.GraphModule, lay: _Layout, prefix: str, n_layers: int) -> _Nodes:
     """The whole stack's joint graph: layer 1 copied as layers 1..n-2, layer 2 renamed n-1."""
     last = n_layers - 1
     shift = (n_layers - KEPT) * lay.period  # autograd numbers after the middle layers move by this
@@ -361,14 +403,14 @@ def _build(gm: fx.GraphModule, lay: _Layout, prefix: str, n_layers: int) -> fx.G
     def global_seq(s: int) -> int:  # a number that is no layer's own: the loss's, the head's
         return s + shift if s >= threshold else s
 
-    out = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}  # captured node -> its node in the whole graph (outside copies)
-    copies: dict[int, dict[fx.Node, fx.Node]] = {}  # layer i -> template node (layer 1's) -> copy
+    out: list[CopiedNode] = []
+    env: dict[fx.Node, CopiedNode] = {}  # captured node -> its node in the whole graph (outside copies)
+    copies: dict[int, dict[fx.Node, CopiedNode]] = {}  # layer i -> template node (layer 1's) -> copy
 
-    def arg_map(i: int, own: int) -> Callable[[fx.Node], fx.Node]:
+    def arg_map(i: int, own: int) -> Callable[[fx.Node], CopiedNode]:
         """Arguments of a node that stands for layer ``i`` of the whole graph and was captured in layer
         ``own``: a layer node read at relative layer d stands for layer i + d."""
-        def f(v: fx.Node) -> fx.Node:
+        def f(v: fx.Node) -> CopiedNode:
             where = lay.region.get(v)
             if where is None:
                 return env[v]
@@ -379,9 +421,11 @@ def _build(gm: fx.GraphModule, lay: _Layout, prefix: str, n_layers: int) -> fx.G
             return copies[j][_at(lay, kind, 1, offset)]
         return f
 
-    def emit(node: fx.Node, i: int, own: int, seq: Callable[[int], int]) -> fx.Node:
-        new = out.node_copy(node, arg_map(i, own))
-        new.meta = _rename_meta(node.meta, prefix, own, i, seq)
+    def emit(node: fx.Node, i: int, own: int, seq: Callable[[int], int]) -> CopiedNode:
+        f = arg_map(i, own)
+        new = CopiedNode(node.op, node.target, _map_nodes(node.args, f), _map_nodes(node.kwargs, f),
+                         _rename_meta(node.meta, prefix, own, i, seq), f"{node.name}.{i}")
+        out.append(new)
         return new
 
     def copy_seq(node: fx.Node, i: int) -> Callable[[int], int]:
@@ -408,7 +452,7 @@ def _build(gm: fx.GraphModule, lay: _Layout, prefix: str, n_layers: int) -> fx.G
             env[node] = emit(node, last, 2, global_seq)
         else:
             env[node] = emit(node, 0, 0, global_seq)
-    return out
+    return _Nodes(out)
 
 
 def _at(lay: _Layout, kind: str, layer: int, offset: int) -> fx.Node:
@@ -419,8 +463,8 @@ def _at(lay: _Layout, kind: str, layer: int, offset: int) -> fx.Node:
     return lay.bwd[0 if layer == 1 else 1][offset]
 
 
-def _emit_output(out: fx.Graph, node: fx.Node, lay: _Layout, prefix: str, last: int, env: dict,
-                 copies: dict[int, dict[fx.Node, fx.Node]]) -> None:
+def _emit_output(out: list[CopiedNode], node: fx.Node, lay: _Layout, prefix: str, last: int, env: dict,
+                 copies: dict[int, dict[fx.Node, CopiedNode]]) -> None:
     values, descs = list(node.args[0]), list(node.meta.get("desc", ()))
     res_v: list[Any] = []
     res_d: list[Any] = []
@@ -455,6 +499,5 @@ def _emit_output(out: fx.Graph, node: fx.Node, lay: _Layout, prefix: str, last: 
             res_v.append(value(values[k], None))
             res_d.append(descs[k])
         k += 1
-    new = out.output(tuple(res_v) if isinstance(node.args[0], tuple) else res_v)
-    new.meta = dict(node.meta)
-    new.meta["desc"] = res_d
+    out.append(CopiedNode("output", "output", (tuple(res_v) if isinstance(node.args[0], tuple) else res_v,), {},
+                          {**node.meta, "desc": res_d}, node.name))
