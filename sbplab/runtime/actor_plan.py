@@ -65,6 +65,7 @@ class RankPlan:
 
     def __post_init__(self) -> None:
         self.actors = list(self.actors)
+        self._comm: list[int] | None = None
         self.by_name: dict[str, Actor] = {}
         for a in self.actors:
             if not isinstance(a, Actor):
@@ -97,9 +98,30 @@ class RankPlan:
                                     f"{into.pool!r}, which must be an actor on this rank with outputs of the "
                                     f"same scope ({a.out_scope})")
 
+    @classmethod
+    def like(cls, rep: RankPlan, rank: int, actors: list[Actor], schedule: RankSchedule | None) -> RankPlan:
+        """Rank ``rank``'s plan, whose actors lowering made alike to ``rep``'s position by position (same
+        types, wiring by position, scopes, outputs: ``ActorPlan.alike``): ``rep``'s checks hold for it, so
+        only its names are checked (unique, as ``rep``'s)."""
+        rp = cls.__new__(cls)
+        rp.rank, rp.actors, rp.schedule = rank, list(actors), schedule
+        rp.by_name = {a.name: a for a in rp.actors}
+        if len(rp.by_name) != len(rp.actors) or len(rp.actors) != len(rep.actors):
+            return cls(rank, actors, schedule)  # not what ``alike`` promised: the full checks say why
+        rp._comm = rep.comm_positions
+        return rp
+
+    @property
+    def comm_positions(self) -> list[int]:
+        """Positions of the communication actors (collectives, sends, receives), in order."""
+        if self._comm is None:
+            self._comm = [i for i, a in enumerate(self.actors) if a.lane == "comm"]
+        return self._comm
+
     @property
     def comm_actors(self) -> list[Actor]:
-        return [a for a in self.actors if a.lane == "comm"]
+        actors = self.actors
+        return [actors[i] for i in self.comm_positions]
 
     def dump(self) -> str:
         return "\n".join([f"rank {self.rank}:"] + ["  " + describe(a) for a in self.actors])
@@ -117,6 +139,12 @@ class ActorPlan:
     comm_order: the global order of one step's communication (see module doc); None: derived.
     name: shown in traces and errors.
     imports: modules every worker imports before building actors (ones that register ops).
+    alike: representative rank -> the ranks (itself first) whose actors lowering made from its own,
+        position by position (``compiler/lowering/alike.py``): the same types, ops, attributes (but a
+        random op's stream and draw, and a plain kernel's ``where_attrs``: where its piece lies), wiring
+        by position, registers, scopes, phases and shapes; names, a collective's group, order, root and
+        bytes sent, and a state's values may differ. Checks and
+        passes that read only those look at one rank per group; None: no such knowledge.
     """
 
     world_size: int
@@ -126,6 +154,7 @@ class ActorPlan:
     comm_order: tuple[CommSlot, ...] | None = None
     name: str = "plan"
     imports: tuple[str, ...] = ()
+    alike: dict[int, tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -145,6 +174,8 @@ class ActorPlan:
         for r in range(self.world_size):
             ranks.setdefault(r, RankPlan(r, []))
         self.ranks = dict(sorted(ranks.items()))
+        if self.alike is not None:
+            self._check_alike()
         with gc_paused():  # the simulations below make many short-lived objects and no cycles
             self._check_matching()
             if self.comm_order is None:
@@ -159,6 +190,16 @@ class ActorPlan:
                 check_comm_order(self)
 
     # --- cross-rank checks ----------------------------------------------------------------------
+    def _check_alike(self) -> None:
+        seen: set[int] = set()
+        for rep, members in self.alike.items():  # type: ignore[union-attr]
+            if not members or members[0] != rep or any(m not in self.ranks or m in seen for m in members):
+                raise PlanError(f"alike[{rep}] = {members!r}: each group lists existing ranks, its "
+                                f"representative first, every rank in one group at most")
+            if any(len(self.ranks[m].actors) != len(self.ranks[rep].actors) for m in members):
+                raise PlanError(f"alike[{rep}]: its ranks have different numbers of actors")
+            seen.update(members)
+
     def _check_matching(self) -> None:
         sends: dict[tuple, str] = {}
         recvs: dict[tuple, str] = {}
@@ -265,6 +306,12 @@ class ActorPlan:
     @staticmethod
     def build(world_size: int, actors: Mapping[int, Sequence[Actor]],
               schedules: Mapping[int, RankSchedule] | None = None, **kw) -> ActorPlan:
+        schedules = schedules or {}
+        rep_of = {m: rep for rep, ms in (kw.get("alike") or {}).items() for m in ms if m != rep}
         with gc_paused():
-            return ActorPlan(world_size, {r: RankPlan(r, list(a), (schedules or {}).get(r))
-                                          for r, a in actors.items()}, **kw)
+            ranks: dict[int, RankPlan] = {}
+            for r, a in actors.items():
+                rep = rep_of.get(r)
+                ranks[r] = RankPlan(r, list(a), schedules.get(r)) if rep is None or rep not in ranks \
+                    else RankPlan.like(ranks[rep], r, list(a), schedules.get(r))
+            return ActorPlan(world_size, ranks, **kw)

@@ -51,28 +51,40 @@ def uniform_rank(plan: ActorPlan) -> int | None:
     busy = [r for r, rp in plan.ranks.items() if rp.actors]
     if not busy:
         return None
+    # a rank the lowering made alike to another (``plan.alike``) has its rows: one rank per group is read
+    rep_of = {m: rep for rep, ms in (plan.alike or {}).items() for m in ms}
     first = None
-    pos_of: dict[int, dict[str, int]] = {}
     for r in busy:
+        if rep_of.get(r, r) != r:
+            continue
         got = _rows(plan.ranks[r].actors)
         if got is None:
             return None
-        rows, pos_of[r] = got
+        rows = got[0]
         if first is None:
             first = rows
         elif rows != first:
             return None
+    comm_pos: dict[int, dict[str, int]] = {}  # rank -> its collectives' positions by name
+    for r in busy:
+        rp = plan.ranks[r]
+        comm_pos[r] = {rp.actors[i].name: i for i in rp.comm_positions}
     holders: dict[str, int] = {}
     for r in busy:
-        for i, a in enumerate(plan.ranks[r].actors):
-            if isinstance(a, Collective):
-                holders[a.name] = holders.get(a.name, 0) + 1
-                for m in a.group:
-                    if m not in pos_of or pos_of[m].get(a.name) != i:
-                        return None
+        rp = plan.ranks[r]
+        for i in rp.comm_positions:
+            a = rp.actors[i]
+            if not isinstance(a, Collective):
+                return None
+            holders[a.name] = holders.get(a.name, 0) + 1
+            for m in a.group:
+                if m not in comm_pos or comm_pos[m].get(a.name) != i:
+                    return None
     for r in busy:
-        for a in plan.ranks[r].actors:
-            if isinstance(a, Collective) and holders[a.name] != len(a.group):
+        rp = plan.ranks[r]
+        for i in rp.comm_positions:
+            a = rp.actors[i]
+            if holders[a.name] != len(a.group):  # type: ignore[attr-defined]
                 return None
     return busy[0]
 

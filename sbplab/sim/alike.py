@@ -108,29 +108,40 @@ def _frozen_attrs(a: Compute) -> object:
     return hashable_attrs(attrs)
 
 
-def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo],
-              redo: set[str], links: _Links, order: list[tuple[str, int]], memo: dict) -> tuple:
-    """Rank r's actors as shapes, prices and the symmetry signature see them; ``redo``: the names of its
-    actors the backward recomputes."""
-    actors = plan.ranks[r].actors
+def _own(a, r: int, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo], links: _Links,
+         memo: dict) -> tuple:
+    """What shapes and prices read of a communication actor or a source on rank r (rank-dependent)."""
+    if isinstance(a, Collective):
+        info = known.get(a.name)
+        axis = a.mesh_axis if a.mesh_axis is not None else (info.mesh_axis if info is not None else 0)
+        g = a.group
+        src = (g.index(a.src) if a.src in g else -1) if kind_of(a.kind_).has_root else None  # others ignore it
+        return (a.kind_, a.reduce_op, a.dim, a.cat_dim, a.sizes, a.cat_sizes, a.chunks, a.mesh_axis, len(g),
+                _member(a, r, memo), src, _attr_bytes(a.bytes_sent, r), info, links(a.kind_, axis, g))
+    if isinstance(a, Recv):
+        return (links("send_recv", None, (r, a.peer)), a.shape, a.dtype)
+    if isinstance(a, Send):
+        return (links("send_recv", None, (r, a.peer)),)
+    return (a.feed, _source_meta(a, r, micro, batch))  # a Source
+
+
+_PER_RANK = (Collective, Send, Recv, Source)  # what ``_own`` reads, apart from the rest of a rank's key
+
+
+def _rows(actors: list, r: int, redo: set[str], memo: dict) -> tuple[tuple, list[int], bool]:
+    """Rank r's actors as shapes, prices and the symmetry signature see them, but what ``_own`` reads; the
+    positions of those actors; whether some attributes could not be hashed (the rank is then kept alone).
+    ``redo``: the names of its actors the backward recomputes."""
     pos = {a.name: i for i, a in enumerate(actors)}
-    rows = []
+    rows, special, alone = [], [], False
     for i, a in enumerate(actors):
         if isinstance(a, Compute):
             fa = _compute_attrs(a, memo)
-            own: tuple = (a.op, a.outputs, fa if fa is not None else ("rank", r, i))  # unhashable: alone
-        elif isinstance(a, Collective):
-            info = known.get(a.name)
-            axis = a.mesh_axis if a.mesh_axis is not None else (info.mesh_axis if info is not None else 0)
-            g = a.group
-            src = (g.index(a.src) if a.src in g else -1) if kind_of(a.kind_).has_root else None  # others ignore it
-            own = (a.kind_, a.reduce_op, a.dim, a.cat_dim, a.sizes, a.cat_sizes, a.chunks, a.mesh_axis, len(g),
-                   _member(a, r, memo), src, _attr_bytes(a.bytes_sent, r), info, links(a.kind_, axis, g))
-        elif isinstance(a, (Send, Recv)):
-            own = (links("send_recv", None, (r, a.peer)), a.shape, a.dtype) if isinstance(a, Recv) else \
-                (links("send_recv", None, (r, a.peer)),)
-        elif isinstance(a, Source):
-            own = (a.feed, _source_meta(a, r, micro, batch))
+            own: tuple | None = (a.op, a.outputs, fa if fa is not None else ("rank", r, i))  # unhashable: alone
+            alone = alone or fa is None
+        elif isinstance(a, _PER_RANK):
+            own = None
+            special.append(i)
         elif isinstance(a, State):
             init, upd = a.init, a.update
             own = (tuple(init.shape), init.dtype, (pos[upd.actor], upd.index) if upd is not None else None)  # type: ignore[union-attr]
@@ -140,22 +151,42 @@ def _rank_key(plan: ActorPlan, r: int, micro: int, batch: Mapping[str, TensorMet
             own = ()
         rows.append((type(a), a.label, tuple([(pos[x.actor], x.index) for x in a.inputs]), a.registers,
                      a.scope, a.phase, a.num_outputs, a.name in redo, own))
-    return (tuple(rows), tuple([(pos[name], m) for name, m in order]))
+    return tuple(rows), special, alone
 
 
 def alike_ranks(plan: ActorPlan, micro: int, batch: Mapping[str, TensorMeta], known: Mapping[str, CommInfo],
                 hw: Hardware, redo: frozenset = frozenset(),
                 orders: Mapping[int, list[tuple[str, int]]] | None = None) -> dict[int, list[int]]:
     """Representative (lowest) rank -> every rank alike to it, ranks in order. ``redo``: the (rank, actor)
-    pairs the step recomputes (``StepPricing.recomputed``); ``orders``: ``rank_orders(plan)``."""
+    pairs the step recomputes (``StepPricing.recomputed``); ``orders``: ``rank_orders(plan)``.
+
+    A rank the lowering made alike to another (``plan.alike``) shares that rank's rows: only its
+    communication, sources (``_own``), recomputed actors and communication order are read."""
     orders = rank_orders(plan) if orders is None else orders
     links, memo = _Links(hw), {}
     redone: dict[int, set[str]] = {r: set() for r in plan.ranks}
     for r, name in redo:
         redone.setdefault(r, set()).add(name)
+    lowered = {m: rep for rep, ms in (plan.alike or {}).items() for m in ms}
+    rows_of: dict[int, tuple[int, list[int], list[int]]] = {}  # rank -> its rows' id, ``_own`` positions, redone
+    ids: dict[tuple, int] = {}  # rows -> a number (a rank's rows are hashed once, not once per member)
     groups: dict[tuple, list[int]] = {}
     for r in plan.ranks:
-        groups.setdefault(_rank_key(plan, r, micro, batch, known, redone[r], links, orders[r], memo), []).append(r)
+        actors = plan.ranks[r].actors
+        rep = lowered.get(r, r)
+        got = rows_of.get(rep)
+        mine = redone[r]
+        if got is not None and len(mine) == len(got[2]) and all(actors[i].name in mine for i in got[2]):
+            rid, special = got[0], got[1]
+        else:
+            rows, special, alone = _rows(actors, r, mine, memo)
+            rid = ids.setdefault(rows, len(ids))
+            if rep == r and not alone:
+                rows_of[r] = (rid, special, [i for i, row in enumerate(rows) if row[7]])
+        extra = tuple([_own(actors[i], r, micro, batch, known, links, memo) for i in special])
+        pos = {actors[i].name: i for i in special}
+        key = (rid, extra, tuple([(pos[name], m) for name, m in orders[r]]))
+        groups.setdefault(key, []).append(r)
     return {ms[0]: ms for ms in groups.values()}
 
 

@@ -37,12 +37,14 @@ def _writes_into(prod: Actor, ref: Ref, pack: Compute) -> bool:
     return isinstance(prod, Compute) and prod.outputs == 1 and resolve_into(prod.op) is not None
 
 
-def gradients_into_buckets(actors: list[Actor]) -> None:
+def gradients_into_buckets(actors: list[Actor]) -> list[tuple[Actor, Compute, int]]:
     """Give every qualifying producer of a flat bucket on this rank (``actors``) its view of the bucket's
-    buffer, and tell each pack which of its inputs are already in place."""
+    buffer, and tell each pack which of its inputs are already in place. Returns (producer, pack, input
+    of the pack) of each, so a rank lowered alike (``lowering/alike.py``) is given the same."""
     packs = [a for a in actors if isinstance(a, Compute) and a.op == PACK and a.into is not None]
+    done: list[tuple[Actor, Compute, int]] = []
     if not packs:
-        return
+        return done
     names = {ref.actor for pack in packs for ref in pack.inputs}  # only the readers of these are counted
     by_name: dict[str, Actor] = {}
     readers: Counter[Ref] = Counter()
@@ -65,4 +67,6 @@ def gradients_into_buckets(actors: list[Actor]) -> None:
                 prod.into = BufferSlot(slot.pool, pack.attrs["offsets"][i], pack.attrs["shapes"][i],  # type: ignore[attr-defined]
                                        slot.dtype)
                 flags[i] = True
+                done.append((prod, pack, i))
         pack.attrs["in_place"] = tuple(flags)
+    return done

@@ -46,6 +46,7 @@ from ...runtime.specs import (
 )
 from ..deduction.strategy import DEFAULT_BUCKET_MB
 from ..pipeline.schedules import pipeline_actions
+from .alike import GroupedLowering
 from .bucket_actors import bucket_actors
 from .bucket_views import gradients_into_buckets
 from .buckets import plan_buckets
@@ -317,7 +318,7 @@ class _Lowering:
 def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None = None, outputs: bool = False,
                     name: str = "compiled", world_size: int | None = None,
                     order: str = "derive", bucket_mb: float = DEFAULT_BUCKET_MB,
-                    schedule: str | None = None) -> ActorPlan:
+                    schedule: str | None = None, by_group: bool = True) -> ActorPlan:
     """The ActorPlan of one training step of ``phys`` (lowered from ``graph``, which holds the values).
 
     registers: one register count for every actor instead of the schedule's; the plan then has no
@@ -332,20 +333,31 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
         size (torch DDP's default); 0 runs one collective per gradient (``lowering.buckets``).
     schedule: a pipeline's schedule (``compiler.pipeline.SCHEDULES``; None: "1f1b"), which orders
         each rank's micro-batch compute and sizes its registers.
+    by_group: lower one rank per group of alike ranks and copy its actors to the others (``alike.py``),
+        recorded in ``ActorPlan.alike``; False lowers every rank on its own (the same plan, slower).
     """
     if order not in ("derive", "compiler"):
         raise ValueError(f"order must be 'derive' or 'compiler', got {order!r}")
     lw = _Lowering(phys, graph, registers, bucket_mb, schedule)
-    for n in phys.nodes:
-        lw.node(n)
+    grouped = GroupedLowering(lw) if by_group else None
+    if grouped is not None:
+        grouped.run()
+    else:
+        for n in phys.nodes:
+            lw.node(n)
     lw.updates()
     lw.sinks(outputs)
-    for actors in lw.actors.values():
-        gradients_into_buckets(actors)
+    if grouped is not None:
+        grouped.confirm()
+        grouped.into_buckets()
+    else:
+        for actors in lw.actors.values():
+            gradients_into_buckets(actors)
     device = phys.loss_placement.device_type
     size = world_size or (max(phys.ranks) + 1)
     # no ``imports``: workers only run kernels, and every op (gradient and optimizer ops too) is
     # registered by sbplab.ops, which the runtime imports to find them
     return ActorPlan.build(size, lw.actors, lw.schedules(schedule), micro_batches=phys.micro_batches,
                            device_type=device, name=name,
-                           comm_order=lw.compiler_order() if order == "compiler" else None)
+                           comm_order=lw.compiler_order() if order == "compiler" else None,
+                           alike=grouped.groups() if grouped is not None else None)

@@ -1,0 +1,257 @@
+"""Lowering once per group of alike ranks: a rank whose op instances match a rank already lowered,
+position by position, gets copies of that rank's actors under its own names, and the plan records the
+group (``ActorPlan.alike``) so the checks and passes after lowering look at one rank per group.
+
+Why: at 128 ranks of a 7.5B GPT (1.8 M actors), making every actor, then checking every rank's wiring,
+deriving the communication order's uniform rank and grouping alike ranks in the simulator each walked
+every actor of every rank, though a data x tensor layout has a handful of distinct ranks.
+
+Two ranks are alike here when their physical nodes match position by position in kind, op, tensor,
+stage, phase, micro-batch scope, shapes, dtypes, wiring (inputs by their position on the rank), local
+attributes (but a random op's stream and draw, ``RNG_ATTRS``), plan step and bucket place; and when the
+actors the ordinary lowering made for what is not a plain kernel (collectives, buckets, local boxing
+steps, states, accumulations) match field by field, but their names, a collective's group, order, root
+and bytes sent (a ring sends a scalar's bytes unevenly), a state's values and where a local step's piece lies (a kernel's ``where_attrs``, as the simulator
+reads them: ``sim/alike.py``). A plain compute node (most of them) is then the representative's actor with the
+member's name, attributes and inputs: exactly what ``_Lowering.node`` makes for it. Ranks that send or
+receive are lowered on their own, in the global order, as the tags of their transfers follow it.
+Anything that differs keeps a rank apart (it is lowered on its own and may represent later ranks), so
+grouping changes the work, never the plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import TYPE_CHECKING
+
+from ...ops.registry import RNG_ATTRS
+from ...runtime.buffers import BufferSlot
+from ...runtime.specs import Actor, Collective, Compute, State
+from .bucket_views import gradients_into_buckets
+
+if TYPE_CHECKING:
+    from ..physical.graph import PhysNode
+    from .to_actors import _Lowering
+
+_COLL_FIELDS = ("kind_", "reduce_op", "dim", "cat_dim", "sizes", "cat_sizes", "chunks", "mesh_axis", "registers",
+                "scope", "phase")  # not the group, order, root or bytes sent: they may differ by rank
+MAX_TRIES = 4  # representatives a rank is compared with before it is lowered on its own
+
+
+@functools.cache
+def _where_attrs(op: str) -> tuple[str, ...]:
+    """The attributes of a plain kernel (``module:function``) that say only where its piece lies."""
+    if ":" not in op:
+        return ()
+    mod, fn = op.split(":", 1)
+    try:
+        return tuple(getattr(getattr(importlib.import_module(mod), fn), "where_attrs", ()))
+    except (ImportError, AttributeError):
+        return ()
+
+
+def _same_attrs(a: dict, b: dict, op: str = "") -> bool:
+    """Equal but for a random op's stream and draw and, of a plain kernel, where its piece lies."""
+    if a is b or a == b:
+        return True
+    skip = RNG_ATTRS + _where_attrs(op)
+    if not any(k in a for k in skip):
+        return False
+    return {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
+
+
+class _Rep:
+    """A rank lowered the ordinary way: its nodes, where each node's actors start, its members."""
+
+    def __init__(self, rank: int, nodes: list[PhysNode], starts: list[int]) -> None:
+        self.rank, self.nodes, self.starts = rank, nodes, starts
+        self.members: list[int] = [rank]
+        self.into: list[tuple[int, int, int]] = []  # (producer, pack, input) positions written into a bucket
+
+
+class GroupedLowering:
+    """Drives ``_Lowering`` rank by rank (ranks that send or receive: node by node in the global order)."""
+
+    def __init__(self, lw: _Lowering) -> None:
+        self.lw = lw
+        phys = lw.phys
+        self.nodes_of: dict[int, list[PhysNode]] = {r: [] for r in phys.ranks}
+        self.local = [0] * len(phys.nodes)  # node id -> its position among its rank's nodes
+        for n in phys.nodes:
+            row = self.nodes_of[n.rank]
+            self.local[n.id] = len(row)
+            row.append(n)
+        self.p2p = {n.rank for n in phys.nodes if n.op in ("send", "recv") and n.kind == "boxing"}
+        self.reps: list[_Rep] = []
+        self.rep_of: dict[int, _Rep] = {}
+
+    # --- lowering -----------------------------------------------------------------------------------
+    def run(self) -> None:
+        lw = self.lw
+        for n in lw.phys.nodes:  # the tags of transfers are numbered in the global order
+            if n.rank in self.p2p:
+                lw.node(n)
+        for r, nodes in self.nodes_of.items():
+            if r in self.p2p:
+                continue
+            rep = self._find(nodes)
+            starts: list[int] = []
+            if rep is not None and self._copy(rep, r, nodes, starts):
+                self.rep_of[r] = rep
+                rep.members.append(r)
+                continue
+            actors = lw.actors[r]  # alone, from where a copy stopped (what it made is what lowering makes)
+            for i in range(len(starts), len(nodes)):
+                starts.append(len(actors))
+                lw.node(nodes[i])
+            starts.append(len(actors))
+            rep = self.rep_of[r] = _Rep(r, nodes, starts)
+            self.reps.append(rep)
+
+    def _find(self, nodes: list[PhysNode]) -> _Rep | None:
+        """The representative whose nodes match ``nodes``, the largest groups tried first."""
+        tried = 0
+        for rep in sorted(self.reps, key=lambda x: -len(x.members)):
+            if len(rep.nodes) != len(nodes):
+                continue
+            if self._nodes_match(rep.nodes, nodes):
+                return rep
+            tried += 1
+            if tried >= MAX_TRIES:
+                break
+        return None
+
+    def _nodes_match(self, reps: list[PhysNode], nodes: list[PhysNode]) -> bool:
+        local, bucket_of = self.local, self.lw.bucket_of
+        for rn, mn in zip(reps, nodes):
+            if (rn.kind != mn.kind or rn.op != mn.op or rn.logical != mn.logical or rn.when != mn.when
+                    or rn.stage != mn.stage or rn.phase != mn.phase or rn.accumulate != mn.accumulate
+                    or rn.out_shapes != mn.out_shapes or rn.in_shapes != mn.in_shapes
+                    or rn.out_dtypes != mn.out_dtypes or (rn.collective is None) != (mn.collective is None)):
+                return False
+            ri, mi = rn.inputs, mn.inputs
+            if len(ri) != len(mi):
+                return False
+            for a, b in zip(ri, mi):
+                if a.out != b.out or local[a.node] != local[b.node]:
+                    return False
+            if rn.kind == "compute":
+                if not _same_attrs(rn.attrs, mn.attrs):
+                    return False
+            elif rn.kind == "boxing":
+                if rn.attrs.get("plan_step") is not mn.attrs.get("plan_step"):
+                    return False
+                rb, mb = bucket_of.get(rn.collective), bucket_of.get(mn.collective)  # type: ignore[arg-type]
+                if (rb is None) != (mb is None):
+                    return False
+                if rb is not None and (len(rb.collectives) != len(mb.collectives)  # type: ignore[union-attr]
+                                       or rb.collectives.index(rn.collective)
+                                       != mb.collectives.index(mn.collective)):  # type: ignore[union-attr]
+                    return False
+        return True
+
+    def _copy(self, rep: _Rep, r: int, nodes: list[PhysNode], starts: list[int]) -> bool:
+        """Rank r's actors made from ``rep``'s (their nodes match): a plain kernel or an input copied, the
+        rest lowered and compared. False where those differ: ``starts`` then covers the nodes lowered."""
+        lw = self.lw
+        actors, theirs = lw.actors[r], lw.actors[rep.rank]
+        name_of, scope_of, ref, micro = lw.name, lw.scope, lw.ref, lw.phys.micro_batches > 1
+        own, stage_of = lw.own.get(r, ()), lw.stage_of[r]
+        for i, mn in enumerate(nodes):
+            s = rep.starts[i]
+            starts.append(len(actors))
+            plain = mn.kind == "compute" and not mn.accumulate
+            if plain or (mn.kind == "source" and mn.op == "input"):
+                ra = theirs[s]
+                name = name_of[mn.id] = f"n{mn.id}"
+                scope_of[mn.id] = "micro" if mn.when == "each" and micro else "step"
+                a = type(ra).__new__(type(ra))
+                a.__dict__.update(ra.__dict__)
+                a.name = name
+                if plain:  # what ``_Lowering.node`` makes: its attrs and registers, under this rank's names
+                    a.attrs, a.inputs = dict(mn.attrs), tuple(map(ref, mn.inputs))  # type: ignore[attr-defined]
+                actors.append(a)
+                if mn.stage in own:
+                    stage_of[name] = mn.stage
+                continue
+            lw.node(mn)
+            if not _actors_match(theirs[s:rep.starts[i + 1]], actors[starts[-1]:]):
+                return False  # node i is lowered (``starts`` has its start): the rest go alone from i + 1
+        return True
+
+    # --- after the nodes ----------------------------------------------------------------------------
+    def groups(self) -> dict[int, tuple[int, ...]]:
+        """Representative -> its members (itself first), after ``confirm`` dropped those the updates, sinks
+        or buckets set apart."""
+        return {rep.rank: tuple(rep.members) for rep in self.reps if len(rep.members) > 1}
+
+    def into_buckets(self) -> None:
+        """``gradients_into_buckets`` on each representative and on every rank lowered alone; a member gets the
+        same producers written into its bucket (its wiring and ops are the representative's)."""
+        acts = self.lw.actors
+        for r, actors in acts.items():
+            rep = self.rep_of.get(r)
+            if rep is None or rep.rank == r:
+                done = gradients_into_buckets(actors)
+                if rep is not None:
+                    pos = {id(a): i for i, a in enumerate(actors)}
+                    rep.into = [(pos[id(p)], pos[id(k)], j) for p, k, j in done]
+        for rep in self.reps:
+            for m in rep.members[1:]:
+                actors = acts[m]
+                for p, k, j in rep.into:
+                    pack = actors[k]
+                    slot = pack.into
+                    actors[p].into = BufferSlot(slot.pool, pack.attrs["offsets"][j], pack.attrs["shapes"][j],  # type: ignore[attr-defined]
+                                                slot.dtype)
+                    flags = list(pack.attrs["in_place"])
+                    flags[j] = True
+                    pack.attrs["in_place"] = tuple(flags)
+
+    def confirm(self) -> None:
+        """Drop from its group a member whose state updates, sinks or actor count differ from its
+        representative's (they are made after the nodes, per rank)."""
+        phys, local, acts = self.lw.phys, self.local, self.lw.actors
+
+        def at(ref) -> tuple[int, int] | None:
+            return None if ref is None else (local[ref.node], ref.out)
+
+        def tail(r: int) -> tuple:
+            ups = tuple((at(per.get(r)), local[phys.sources[name][r]] if r in phys.sources.get(name, {}) else None)
+                        for name, per in phys.state_updates.items())
+            outs = tuple(at(per.get(r)) for per in phys.outputs.values())
+            return at(phys.loss.get(r)), outs, ups, len(acts[r])
+
+        for rep in self.reps:
+            want = tail(rep.rank)
+            kept = [m for m in rep.members if m == rep.rank or tail(m) == want]
+            for m in rep.members:
+                if m not in kept:
+                    self.rep_of.pop(m, None)
+            rep.members = kept
+
+
+def _actors_match(reps: list[Actor], mine: list[Actor]) -> bool:
+    """The actors the ordinary lowering made for one node on two ranks agree in all but names, a collective's
+    group, order, root and bytes sent, a state's values and where a local step's piece lies."""
+    if len(reps) != len(mine):
+        return False
+    for a, b in zip(reps, mine):
+        if type(a) is not type(b) or a.registers != b.registers or a.scope != b.scope or a.phase != b.phase \
+                or len(a.inputs) != len(b.inputs) or [x.index for x in a.inputs] != [x.index for x in b.inputs]:
+            return False
+        if isinstance(a, Compute):
+            if a.op != b.op or a.outputs != b.outputs or not _same_attrs(a.attrs, b.attrs, a.op) \
+                    or (a.into is None) != (b.into is None):  # type: ignore[attr-defined]
+                return False
+        elif isinstance(a, Collective):
+            if len(a.group) != len(b.group) or any(getattr(a, f) != getattr(b, f) for f in _COLL_FIELDS):  # type: ignore[attr-defined]
+                return False
+        elif isinstance(a, State):
+            if a.key != b.key or tuple(a.init.shape) != tuple(b.init.shape) or a.init.dtype != b.init.dtype:  # type: ignore[attr-defined]
+                return False
+        elif a.__dict__.keys() != b.__dict__.keys() or any(
+                v != b.__dict__[k] for k, v in a.__dict__.items() if k not in ("name", "inputs")):
+            return False
+    return True

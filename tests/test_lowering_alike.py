@@ -1,0 +1,119 @@
+"""Lowering one rank per group of alike ranks (``compiler/lowering/alike.py``) makes the plan that lowering
+every rank on its own makes: the same actors field by field, registers, schedules and communication order on
+every rank, and the simulator predicts the same from it to the last bit.
+
+The plans cover data x tensor parallelism with gradient accumulation and buckets, ZeRO-3, a pipeline (whose
+ranks send and receive: lowered alone), a pipeline of data-parallel stages, and a GPT whose dropouts draw on
+every rank (their streams differ by rank, and are all that differs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sbplab as sl
+from sbplab.compiler import Adam, compile, presets
+from sbplab.compiler.lowering.to_actors import lower_to_actors
+from sbplab.models import GPT, MLP, GPTConfig, MLPConfig
+from sbplab.models.gpt import FeedForward
+from sbplab.runtime.actor_plan import ActorPlan
+from sbplab.runtime.schedule_uniform import uniform_rank
+from sbplab.sim.predict import plan_of, simulate_plan
+
+
+class _DropoutMLP(FeedForward):
+    """The GPT's MLP with a dropout on its output (a random op: its draw names the rank)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.fc2(self.act(self.fc1(x))), 0.1, self.training)
+
+
+def _gpt(strategy, dropout=False):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=4, n_embd=16))
+    for block in m.blocks if dropout else ():
+        block.mlp.__class__ = _DropoutMLP
+    x = torch.randint(0, 32, (8, 8))
+    return compile(m, (x,), loss_fn=GPT.loss_fn, target=x, optimizer=Adam(lr=1e-3), strategy=strategy)
+
+
+def _mlp(strategy):
+    torch.manual_seed(0)
+    m = MLP(MLPConfig(in_dim=8, width=16, hidden=32, n_blocks=3, n_classes=4))
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    return compile(m, (x,), loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=Adam(lr=1e-3),
+                   strategy=strategy)
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(v, b[k]) for k, v in a.items())
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same_value, a, b))
+    return a == b
+
+
+def assert_same_plan(grouped: ActorPlan, alone: ActorPlan) -> None:
+    assert grouped.world_size == alone.world_size and grouped.micro_batches == alone.micro_batches
+    assert grouped.comm_order == alone.comm_order
+    for r, rp in alone.ranks.items():
+        gp = grouped.ranks[r]
+        assert gp.schedule == rp.schedule, f"rank {r}: schedules differ"
+        assert len(gp.actors) == len(rp.actors), f"rank {r}: {len(gp.actors)} vs {len(rp.actors)} actors"
+        for a, b in zip(gp.actors, rp.actors):
+            assert type(a) is type(b), f"rank {r}: {a.name} is a {type(a).__name__}, {b.name} a {type(b).__name__}"
+            for f in dataclasses.fields(a):
+                assert _same_value(getattr(a, f.name), getattr(b, f.name)), \
+                    f"rank {r}, actor {b.name}: {f.name} {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}"
+        assert gp.comm_positions == [i for i, a in enumerate(rp.actors) if a.lane == "comm"]
+
+
+CASES = [
+    ("gpt dp x tp 2x4, 2 micro, dropout", lambda: _gpt(presets.dp_tp((2, 4), micro_batches=2), dropout=True), 4),
+    ("gpt zero-3 x4", lambda: _gpt(presets.zero(4)), 1),
+    ("mlp dp x4, small buckets", lambda: _mlp(dataclasses.replace(presets.data_parallel(4), bucket_mb=0.001)), 1),
+    ("mlp pipeline 2 stages x dp 2", lambda: _mlp(presets.pipeline(2, 2, ranks_per_stage=2, inner="dp")), None),
+]
+
+
+@pytest.mark.parametrize("name,make,groups", CASES, ids=[c[0] for c in CASES])
+def test_grouped_lowering_makes_the_same_plan(name, make, groups):
+    step = make()
+    grouped = lower_to_actors(step.physical, step.graph, outputs=True)
+    alone = lower_to_actors(step.physical, step.graph, outputs=True, by_group=False)
+    assert alone.alike is None
+    assert_same_plan(grouped, alone)
+    if groups is not None:  # every rank in a group: one representative per tensor-parallel position (the
+        # vocabulary-parallel embedding's rows differ), one for all data-parallel ones
+        assert len(grouped.alike) == groups
+        assert sorted(m for ms in grouped.alike.values() for m in ms) == sorted(grouped.ranks)
+        assert uniform_rank(grouped) == uniform_rank(alone) == 0
+    _, batch, comm = plan_of(step)
+    hw = sl.Machine.a100_node()
+    p1 = simulate_plan(grouped, hw, steps=2, batch=batch, comm=comm)
+    p2 = simulate_plan(alone, hw, steps=2, batch=batch, comm=comm)
+    assert p1.step_time == p2.step_time and p1.peak_memory == p2.peak_memory and p1.classes == p2.classes
+
+
+def test_a_member_unlike_its_representative_is_lowered_alone():
+    """A hand-made difference (one rank's kernel attribute) keeps that rank out of every group."""
+    step = _mlp(presets.data_parallel(4))
+    phys = step.physical
+    n = next(n for n in phys.nodes if n.rank == 2 and n.kind == "compute" and n.attrs)
+    key = next(iter(n.attrs))
+    old = n.attrs[key]
+    n.attrs = {**n.attrs, key: ("changed", old)}
+    try:
+        grouped = lower_to_actors(phys, step.graph)
+        alone = lower_to_actors(phys, step.graph, by_group=False)
+    finally:
+        n.attrs = {**n.attrs, key: old}
+    assert_same_plan(grouped, alone)
+    assert all(2 not in ms for ms in grouped.alike.values())
+    assert sorted(m for ms in grouped.alike.values() for m in ms) == [0, 1, 3]
