@@ -4,9 +4,20 @@ given start (the presets' own choices, the all-replicated one), the best end poi
 
 from __future__ import annotations
 
+import numpy as np
+
 from .clock import Clock
 from .local_moves import LocalView
 from .shrink import Reduced
+
+
+def _first_best(opts: np.ndarray, ex: np.ndarray | None) -> int:
+    """The first choice of least (memory excess, seconds), as ``min`` over (ex[c], opts[c]) picks it, on
+    arrays: a sweep asks this of every group, and a group has dozens of choices."""
+    if ex is None:
+        return int(np.argmin(opts))
+    idx = np.flatnonzero(ex == ex.min())
+    return int(idx[np.argmin(opts[idx])])
 
 
 def descend(r: Reduced, start: list[int], memory_limit: float | None, clock: Clock,
@@ -21,10 +32,11 @@ def descend(r: Reduced, start: list[int], memory_limit: float | None, clock: Clo
                 return x
             opts = view.options(x, g)
             cur = x[g]
-            mems = mem - r.memory[g][cur] + r.memory[g]
-            ex = [view.excess(int(m)) for m in mems]
-            best = min(range(len(opts)), key=lambda c: (ex[c], opts[c]))
-            if (ex[best], opts[best]) < (ex[cur], opts[cur] - 1e-15):
+            mems = mem - r.memory[g][cur] + r.memory[g]  # int64 bytes per choice
+            ex = None if memory_limit is None else np.maximum(0.0, mems - memory_limit)
+            best = _first_best(opts, ex)
+            e_best, e_cur = (0.0, 0.0) if ex is None else (float(ex[best]), float(ex[cur]))
+            if (e_best, float(opts[best])) < (e_cur, float(opts[cur]) - 1e-15):
                 x[g] = best
                 mem = int(mems[best])
                 improved = True
