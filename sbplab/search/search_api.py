@@ -123,14 +123,19 @@ class Space:
         base = done if done is not None else self.priced_ops(mesh, 1)  # its ops: priced once either way
         if m == 1 or self.hw.op_times:
             return base.ops
-        pricer = Pricer(base.graph, mesh.placement(), base.hw, self.boxes, work_scale=1.0 / m)
+        # on a roofline (``Hardware.op_time`` without a table) 1/m of an op's FLOPs and bytes takes exactly 1/m
+        # of its time, so times m it is the op's own price: only a machine model with efficiency by size
+        # (a ``Machine``'s device) prices the smaller kernel anew
+        same = type(base.hw).op_time is Hardware.op_time
+        pricer = None if same else Pricer(base.graph, mesh.placement(), base.hw, self.boxes, work_scale=1.0 / m)
         scaled: dict[int, tuple[np.ndarray, dict[int, np.ndarray]]] = {}  # identical layers share arrays
         ops = []
         for o in base.ops:
             got = scaled.get(id(o.compute))
             if got is None:
-                got = scaled[id(o.compute)] = (np.array([pricer.compute_time(o.op, s) for s in o.sigs]) * m,
-                                               {z: g * m for z, g in o.gather.items()})
+                compute = o.compute if pricer is None else \
+                    np.array([pricer.compute_time(o.op, s) for s in o.sigs]) * m
+                got = scaled[id(o.compute)] = (compute, {z: g * m for z, g in o.gather.items()})
             ops.append(replace(o, compute=got[0], gather=got[1]))
         return ops
 

@@ -113,19 +113,30 @@ def _follows(problem: OpProblem, e, rows: np.ndarray) -> np.ndarray | None:
     an easier landscape (within 5% of the exact optimum on the model zoo, where following was not)."""
     src, dst = problem.ops[e.src], problem.ops[e.dst]
     key = f"follows:{e.src}:{e.dst}:{e.tensor}"
-    table = problem.derived(key, lambda p: _layout_changes(src, dst, e.tensor))
+    table = problem.derived(key, lambda p: _shared_changes(p, src, dst, e.tensor))
     if table is None:
         return None
     diff, unique = table
     return diff[rows] if unique[rows].all() else None
 
 
-def _layout_changes(src, dst, tensor: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(diff [producer sigs, follower sigs], unique [producer sigs]) for ``_follows``."""
+def _shared_changes(problem: OpProblem, src, dst, tensor: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """``_layout_changes``, computed once per pair of signature lists and positions: identical ops share
+    their lists (``op_prices.py``), so the repeated layers of a model ask the same question."""
     j, pos = src.op.outputs.index(tensor), dst.op.inputs.index(tensor)
-    ins = [s.inputs[pos] for s in dst.sigs]
-    outs_of = [s.outputs for s in dst.sigs]
-    diff = np.array([[float(s.outputs[j] != i) for i in ins] for s in src.sigs])
+    seen = problem.derived("layout_changes", lambda p: {})  # the lists live as long as the problem
+    key = (id(src.sigs), id(dst.sigs), j, pos)
+    if key not in seen:
+        seen[key] = _layout_changes(src.sigs, dst.sigs, j, pos)
+    return seen[key]
+
+
+def _layout_changes(src_sigs, dst_sigs, j: int, pos: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(diff [producer sigs, follower sigs], unique [producer sigs]) for ``_follows``: the producer writes
+    its output ``j``, the follower reads it as input ``pos``."""
+    ins = [s.inputs[pos] for s in dst_sigs]
+    outs_of = [s.outputs for s in dst_sigs]
+    diff = np.array([[float(s.outputs[j] != i) for i in ins] for s in src_sigs])
     unique = np.array([len({outs_of[c] for c in np.nonzero(row == 0)[0]}) <= 1 for row in diff])
     return diff, unique
 
