@@ -91,7 +91,9 @@ def forced_signatures(graph: Graph, hints: list[SignatureHint]) -> dict[str, tup
     """
     out: dict[str, tuple[NdSignature, SignatureHint]] = {}
     for h in hints:
-        ops = [op for op in graph.ops if fnmatch.fnmatchcase(op.name, h.pattern)]
+        exact = not any(c in h.pattern for c in "*?[")  # a plain name (a search's hints): one lookup
+        ops = ([graph.op_by_name[h.pattern]] if h.pattern in graph.op_by_name else []) if exact else \
+            [op for op in graph.ops if fnmatch.fnmatchcase(op.name, h.pattern)]
         if not ops:
             some = ", ".join(op.name for op in graph.ops if op.phase == "forward")
             raise SignatureError(h.pattern, f"{h.describe()} ({h.text!r}) matches no op; forward ops are: "
