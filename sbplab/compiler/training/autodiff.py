@@ -47,7 +47,7 @@ def _requires_grad(graph: Graph) -> set[str]:
     return req
 
 
-def differentiate(graph: Graph, loss: str, seed: float = 1.0, by_torch: bool = False) -> dict[str, str]:
+def differentiate(graph: Graph, loss: str, seed: float = 1.0, by_torch: bool = True) -> dict[str, str]:
     """Append the backward pass of ``loss`` to ``graph``; returns param -> gradient tensor.
 
     ``seed`` is d(objective)/d(loss): 1 for one batch, 1/M when the objective is the mean over M
@@ -125,7 +125,12 @@ def add_backward(graph: Graph, micro_batches: int = 1) -> None:
     if micro_batches < 1:
         raise GraphError(f"micro_batches must be >= 1, got {micro_batches}")
     graph.micro_batches = micro_batches
-    attach_gradients(graph, differentiate(graph, graph.loss, seed=1.0 / micro_batches), micro_batches)
+    grads = differentiate(graph, graph.loss, seed=1.0 / micro_batches)
+    from ..frontend.aten_unmerge import unmerge_batched_matmuls
+
+    held = {*grads.values(), *graph.tensor_grads.values(), *(g for gs in graph.input_grads.values() for g in gs if g)}
+    unmerge_batched_matmuls(graph, protected=held)  # a 4-D matmul's backward keeps the heads a dim of their own
+    attach_gradients(graph, grads, micro_batches)
 
 
 def attach_gradients(graph: Graph, grads: dict[str, str], micro_batches: int) -> None:

@@ -121,8 +121,29 @@ def _cancel_transposes(gm: fx.GraphModule) -> None:
     gm.graph.eliminate_dead_code()
 
 
+def _squeeze_sums(gm: fx.GraphModule) -> None:
+    """``view(sum(x, dims, keepdim=True), shape)`` dropping exactly the kept dims is ``sum(x, dims)``: a
+    bias's gradient, then made by one op that can write it straight into its bucket (``ops/aten/into.py``)."""
+    total, view = torch.ops.aten.sum.dim_IntList, torch.ops.aten.view.default
+    for node in list(gm.graph.nodes):
+        src = node.args[0] if node.op == "call_function" and node.target is view else None
+        if not (isinstance(src, fx.Node) and src.op == "call_function" and src.target is total
+                and len(src.users) == 1 and len(src.args) == 3 and src.args[2] is True and not src.kwargs):
+            continue
+        x, dims = src.args[0], src.args[1]
+        ndim = len(x.meta["val"].shape)
+        dropped = {d % ndim for d in dims} if dims else set(range(ndim))
+        kept = [n for i, n in enumerate(src.meta["val"].shape) if i not in dropped]
+        if list(node.args[1]) == kept:
+            src.args = (x, dims, False)
+            src.meta["val"] = node.meta["val"]
+            node.replace_all_uses_with(src)
+    gm.graph.eliminate_dead_code()
+
+
 def _to_recipe(gm: fx.GraphModule, n_in: int, n_out: int, needs: tuple[bool, ...], unused: list[int]) -> Recipe:
     _cancel_transposes(gm)
+    _squeeze_sums(gm)
     nodes = list(gm.graph.nodes)
     places = [n for n in nodes if n.op == "placeholder"]
     out_node = next(n for n in nodes if n.op == "output")

@@ -8,8 +8,8 @@ is what makes data parallel's all-reduce appear by signature rather than by spec
 
 from __future__ import annotations
 
-from ..registry import Signature, TensorMeta
-from ._common import B, P, S, arg, sig
+from ..registry import LocalContext, Signature, TensorMeta
+from ._common import B, P, S, arg, sig, with_arg
 
 
 def layer_norm_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attrs: dict) -> list[Signature]:
@@ -103,7 +103,16 @@ def conv_backward_signatures(ins: list[TensorMeta], outs: list[TensorMeta], attr
     sigs = [sig([S(0), S(0), B], [S(0), P, P])]
     if groups == 1 and not transposed:
         sigs.append(sig([S(1), B, S(0)], [P, S(0), S(0)]))
+        sigs.append(sig([B, S(1), S(1)], [S(1), S(1), B]))  # row parallel: input channels split
     return sigs
+
+
+def conv_backward_localize(attrs: dict, ctx: LocalContext) -> dict:
+    """``bias_sizes`` (argument 3) is the bias's shape: a shard of the output channels has its own."""
+    if arg(attrs, 3, "bias_sizes") is None:
+        return attrs
+    lo, hi = ctx.in_blocks[0][1]  # the output gradient's channels (N, Cout, ...)
+    return with_arg(attrs, 3, "bias_sizes", (hi - lo,))
 
 
 def channels_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:

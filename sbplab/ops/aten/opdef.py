@@ -17,6 +17,7 @@ import torch
 from ...freeze import freeze_attrs
 from ..registry import LocalContext, OpDef, TensorMeta
 from .calls import call, overload
+from .into import into_kernel
 from .rules import Rule, rule_for
 
 # a view of the whole tensor may not be a view of a shard (a slice boxing made it non-contiguous); the
@@ -105,4 +106,5 @@ def make_aten_opdef(name: str) -> OpDef:
     op = OpDef(name, infer, signatures, kernel, flops=flops, doc=f"{rule.family}: {rule.note}".strip())
     if rule.localize is not None:
         op.localize = localize
+    op.kernel_into = into_kernel(name)  # a gradient written straight into its bucket (into.py)
     return op

@@ -193,7 +193,8 @@ declare("indexing", _ops("gather.default", "scatter.value", "scatter.src", "scat
 declare("indexing", _ops("index.Tensor"), lambda n, i, o, a: nn.index_signatures(i, o, a))
 declare("indexing", _ops("index_put.default"), lambda n, i, o, a: nn.index_put_signatures(i, o, a))
 declare("conv", _ops("convolution.default"), lambda n, i, o, a: nn.conv_signatures(i, o, a))
-declare("conv", _ops("convolution_backward.default"), lambda n, i, o, a: nn.conv_backward_signatures(i, o, a))
+declare("conv", _ops("convolution_backward.default"), lambda n, i, o, a: nn.conv_backward_signatures(i, o, a),
+        lambda n: nn.conv_backward_localize)
 declare("pooling", _ops("max_pool2d_with_indices.default", "max_pool2d_with_indices_backward.default",
                         "avg_pool2d.default", "avg_pool2d_backward.default", "_adaptive_avg_pool2d.default",
                         "_adaptive_avg_pool2d_backward.default"),
