@@ -1,11 +1,13 @@
-"""Identical layers captured once: the graph built from a three-layer capture with the middle layer
-copied is, node for node, the graph a capture of every layer gives (names, attributes, module paths,
+"""Identical layers captured once: the graph built from a two-layer capture (the middle layer read off
+the first and the last, ``layer_pair``) or a three-layer capture with the middle layer copied
+(``layer_repeat``) is, node for node, the graph a capture of every layer gives (names, attributes, module paths,
 source lines, the backward op each backward node belongs to, parameters, gradients), on transformers'
 GPT-2 and Llama and the zoo GPT; a stack whose layers differ falls back to the whole capture; and the
 step compiled from the repeated graph trains like single-device torch."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -14,6 +16,7 @@ import torch
 
 import sbplab as sl
 from sbplab.compiler.frontend.aten_capture import _joint, capture_aten
+from sbplab.compiler.frontend.layer_pair import repeat_pair, three_layer_capture
 from sbplab.compiler.frontend.layer_repeat import cut_to, find_layer_stack, repeat_layers
 
 LAYERS = 5
@@ -50,25 +53,28 @@ def _zoo():
     return m, (idx,), {}, m.loss_fn, (t,)
 
 
-def _repeated(model, args, kwargs, loss_fn, targets):
-    """The repeated route taken by hand, so a test knows it was not the whole-capture fallback."""
+def _repeated(model, args, kwargs, loss_fn, targets, keep: int = 3):
+    """The repeated route taken by hand, so a test knows it was not a fallback: three layers captured
+    (``layer_repeat``) or two (``layer_pair``)."""
     stack = find_layer_stack(model)
     assert stack is not None and stack.n == LAYERS
     flat = (*args, *kwargs.values(), *targets)
-    with cut_to(model, stack):
+    with cut_to(model, stack, keep):
         gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), None)
     assert len(list(model.get_submodule(stack.path))) == LAYERS  # the cut is undone
-    return repeat_layers(gm, stack)
+    return (repeat_layers if keep == 3 else repeat_pair)(gm, stack)
 
 
+@pytest.mark.parametrize("keep", [2, 3])
 @pytest.mark.parametrize("which", ["gpt2", "llama", "zoo"])
-def test_repeated_layers_give_the_graph_of_a_whole_capture(which):
+def test_repeated_layers_give_the_graph_of_a_whole_capture(which, keep):
     model, args, kwargs, loss_fn, targets = _zoo() if which == "zoo" else _hf(which)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         whole, whole_grads = capture_aten(model, args, kwargs, loss_fn, targets, repeat=False)
-        assert _repeated(model, args, kwargs, loss_fn, targets) is not None
-        fast, fast_grads = capture_aten(model, args, kwargs, loss_fn, targets)
+        assert _repeated(model, args, kwargs, loss_fn, targets, keep) is not None
+        with three_layer_capture() if keep == 3 else contextlib.nullcontext():
+            fast, fast_grads = capture_aten(model, args, kwargs, loss_fn, targets)
     assert sum(o.module.startswith(f"{find_layer_stack(model).path}.{LAYERS - 2}.") for o in fast.ops) > 10
     assert _signature(fast) == _signature(whole)
     assert fast_grads == whole_grads
@@ -106,6 +112,7 @@ def test_layers_that_depend_on_their_index_are_captured_whole():
     model, x, y = _Stack(), torch.randn(4, 8), torch.randn(4, 8)
     loss_fn = torch.nn.functional.mse_loss
     assert _repeated(model, (x,), {}, loss_fn, (y,)) is None
+    assert _repeated(model, (x,), {}, loss_fn, (y,), keep=2) is None  # layers 0 and 1 differ as well
     fast, _ = capture_aten(model, (x,), {}, loss_fn, (y,))
     whole, _ = capture_aten(model, (x,), {}, loss_fn, (y,), repeat=False)
     assert _signature(fast) == _signature(whole)

@@ -45,7 +45,10 @@ from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
 from .aten_direct import joint_direct
 from .fx_trace import source_of
-from .layer_repeat import NODES, cut_to, find_layer_stack, repeat_layers
+from .layer_pair import KEPT as PAIR
+from .layer_pair import enabled as pair_enabled
+from .layer_pair import repeat_pair
+from .layer_repeat import KEPT, NODES, cut_to, find_layer_stack, repeat_layers
 from .layer_repeat import enabled as repeat_enabled
 from .vocab_cross_entropy import capture_mode
 
@@ -153,12 +156,15 @@ def capture_aten(model: nn.Module, args: tuple, kwargs: dict[str, torch.Tensor],
     flat = (*args, *kwargs.values(), *targets)
     names = [*_input_names(model, len(args)), *kwargs, *[f"target{k}" if k else "target" for k in range(len(targets))]]
     stack = find_layer_stack(model) if repeat and repeat_enabled() else None
-    if stack is not None:  # identical layers: capture three, copy the middle one (layer_repeat.py)
-        with cut_to(model, stack):
-            gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), autocast)
-        whole = repeat_layers(gm, stack)
-        if whole is not None:
-            return _to_graph(whole, model, names, flat)
+    if stack is not None:  # identical layers: capture two (layer_pair.py), else three (layer_repeat.py)
+        for keep, repeat in ((PAIR, repeat_pair), (KEPT, repeat_layers)):
+            if keep == PAIR and not pair_enabled():
+                continue
+            with cut_to(model, stack, keep):
+                gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), autocast)
+            whole = repeat(gm, stack)
+            if whole is not None:
+                return _to_graph(whole, model, names, flat)
     gm = _joint(model, flat, loss_fn, len(args), tuple(kwargs), autocast)
     return _to_graph(gm, model, names, flat)
 
