@@ -34,6 +34,7 @@ from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
 from .problem import OpProblem, PricedOps, build_problem, floor_edges, price_ops
+from .rebatch import Captures
 from .rerank import rerank, rerank_units
 from .result import SearchResult
 from .search_errors import SearchError
@@ -57,6 +58,7 @@ class Space:
         self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
         self._floors: dict[tuple[MeshChoice, int], StageFloor] = {}
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
+        self.captures = Captures()  # an ATen capture once; a micro-batch's graph derived from it (``rebatch.py``)
 
     def graph(self, m: int) -> Graph:
         """The training graph of ``m`` micro-batches, built as ``sl.compile`` builds it (the same function,
@@ -65,7 +67,8 @@ class Space:
         if m not in self._graphs:
             with torch.device("meta"):  # pricing needs shapes only: no logits of a big model are allocated
                 self._graphs[m] = trace_training_graph(self.model, self.inputs, self.loss_fn, self.target, m,
-                                                       self.optimizer, capture=self.capture)
+                                                       self.optimizer, capture=self.capture,
+                                                       capture_fn=self.captures)
         return self._graphs[m]
 
     def priced_ops(self, mesh: MeshChoice, m: int = 1) -> PricedOps:

@@ -1,0 +1,132 @@
+"""A captured joint graph at a smaller batch, derived from the one captured at the whole batch instead of
+capturing the model again.
+
+Why: the search prices pipelines on the graph of one micro-batch (1/M of the batch), and an ATen capture
+of a real model (torch.export and AOTAutograd: GPT-2 small, 2-3 CPU seconds) is the costliest step
+of a search that needs it. The graph of a smaller batch is, op for op, the same graph: the same ops with
+the same names, where the batch appears only as the leading dim of the inputs and activations and as
+sizes the model wrote into its ops (``view(x, (8, 1024, 768))``, ``expand(m, (8, -1))``, ``arange(8)``).
+
+How: every input's leading dim becomes the new batch; in every op's attributes an integer equal to the
+old batch becomes the new one, and where that leaves a size a view cannot take, the leading size is
+scaled instead (``view(x, (8192, 768))`` of 8 x 1024 tokens); then the registry infers every output
+again. Derived only where each output comes out as it was or with its leading dim scaled by exactly
+new/old, and every parameter's gradient keeps its shape; anything else (a constant of the batch's size,
+a batch that is not the leading dim, a size written as a product the rules cannot read) returns None,
+and the caller captures the model instead. Never to a batch of one sample: torch specializes dims of
+size 1, so a capture of one sample has other ops (GPT-2's attention mask skips an ``expand``). ``tests/test_search_rebatch.py`` compares derived graphs
+with direct captures, node for node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..compiler.ir import Graph
+from ..ops.registry import TensorMeta, get_op
+
+VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default")
+
+
+def _swap(v: Any, old: int, new: int) -> Any:
+    """``v`` with every integer equal to ``old`` (not a bool) made ``new``, through tuples and lists."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return new if v == old else v
+    if isinstance(v, (tuple, list)):
+        return type(v)(_swap(x, old, new) for x in v)
+    return v
+
+
+def _lead_scaled(attrs: dict, old: int, new: int) -> dict | None:
+    """A view's attributes with the leading size of its shape scaled by new/old (None: it cannot be)."""
+    args = attrs.get("args")
+    if not isinstance(args, tuple) or len(args) < 2 or not isinstance(args[1], (tuple, list)) or not args[1]:
+        return None
+    lead = args[1][0]
+    if isinstance(lead, bool) or not isinstance(lead, int) or lead <= 0 or (lead * new) % old:
+        return None
+    size = type(args[1])((lead * new // old, *args[1][1:]))
+    return {**attrs, "args": (args[0], size, *args[2:])}
+
+
+def _fits(before: TensorMeta, after: TensorMeta, old: int, new: int) -> bool:
+    """``after`` is ``before``, or ``before`` with its leading dim scaled by new/old."""
+    if before == after:
+        return True
+    b, a = before.shape, after.shape
+    return (before.dtype == after.dtype and len(a) == len(b) > 0 and a[1:] == b[1:]
+            and a[0] * old == b[0] * new)
+
+
+def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None:
+    """A copy of ``g`` (a captured joint graph whose inputs have the batch ``old`` as their leading dim)
+    with the batch ``new``, or None where the module docstring's rules cannot derive it."""
+    if new == old:
+        return g.copy()
+    if new < 2 or old % new:  # torch specializes a dim of size 1 (a capture of one sample has other ops)
+        return None
+    c = g.copy()
+    for t in c.tensors.values():
+        if t.producer is not None:
+            continue
+        if t.role == "input":
+            if not t.shape or t.shape[0] != old:
+                return None
+            t.meta = TensorMeta((new, *t.shape[1:]), t.meta.dtype)
+        elif t.role == "const" and old in t.shape:  # a constant of the batch's size: not derived
+            return None
+    for op in c.ops:
+        d = get_op(op.type)
+        metas = [c.tensors[i].meta for i in op.inputs]
+        tries = [{k: _swap(v, old, new) for k, v in op.attrs.items()}]
+        if op.type in VIEWS:
+            lead = _lead_scaled(op.attrs, old, new)
+            if lead is not None and lead != tries[0]:
+                tries.append(lead)
+        for attrs in tries:
+            try:
+                outs = list(d.infer(metas, attrs))
+            except Exception:  # noqa: BLE001 - a size these attributes cannot take: try the next reading
+                continue
+            if len(outs) == len(op.outputs) and all(_fits(c.tensors[o].meta, m, old, new)
+                                                    for o, m in zip(op.outputs, outs)):
+                break
+        else:
+            return None
+        op.attrs = attrs
+        for o, m in zip(op.outputs, outs):
+            c.tensors[o].meta = m
+    if any(c.tensors[gr].meta != g.tensors[gr].meta for gr in grads.values()):
+        return None
+    return c
+
+
+class Captures:
+    """``capture_aten`` for ``trace_training_graph(capture_fn=...)``: the first call captures (the whole
+    batch, as the search traces first), a later one at a smaller batch is derived from it (``rebatch``)
+    where the rules allow, else captured too. ``derived`` counts the captures saved."""
+
+    def __init__(self) -> None:
+        self.whole: tuple[int, Graph, dict[str, str], Any] | None = None  # (batch, raw graph, grads, autocast)
+        self.derived = 0
+
+    def __call__(self, model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Any = None,
+                 targets: tuple = (), autocast: Any = None) -> tuple[Graph, dict[str, str]]:
+        from ..compiler.frontend.aten_capture import capture_aten
+
+        flat = (*args, *kwargs.values(), *targets)
+        batch = int(flat[0].shape[0]) if flat and flat[0].dim() else None
+        if self.whole is not None and batch is not None and self.whole[3] == autocast:
+            old, g, grads, _ = self.whole
+            got = rebatch(g, grads, old, batch)
+            if got is not None:
+                self.derived += 1
+                return got, dict(grads)
+        g, grads = capture_aten(model, args, kwargs, loss_fn, targets, autocast=autocast)
+        if self.whole is None and batch is not None:
+            self.whole = (batch, g.copy(), dict(grads), autocast)  # kept unchanged: the caller edits ``g``
+        return g, grads

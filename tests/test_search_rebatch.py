@@ -1,0 +1,92 @@
+"""The search's micro-batch graphs derived from one ATen capture (``search/rebatch.py``) are the graphs a
+direct capture at the micro-batch gives, node for node; where the rules cannot derive one, the model is
+captured again and the graph is still the direct one."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import sbplab as sl
+from sbplab.compiler.ir import Graph
+from sbplab.compiler.training.optim import as_optimizer
+from sbplab.compiler.training.training_graph import trace_training_graph
+from sbplab.search.rebatch import rebatch
+from sbplab.search.search_api import Space
+
+tf = pytest.importorskip("transformers")
+
+
+def _same(a: Graph, b: Graph) -> None:
+    assert [o.name for o in a.ops] == [o.name for o in b.ops]
+    for x, y in zip(a.ops, b.ops):
+        assert (x.type, x.inputs, x.outputs, x.phase, x.forward_op) == (y.type, y.inputs, y.outputs, y.phase,
+                                                                         y.forward_op), x.name
+        assert _attrs(x.attrs) == _attrs(y.attrs), (x.name, x.attrs, y.attrs)
+    assert a.tensors.keys() == b.tensors.keys()
+    for n, t in a.tensors.items():
+        u = b.tensors[n]
+        assert (t.meta, t.role, t.producer) == (u.meta, u.role, u.producer), n
+    assert (a.inputs, a.params, a.grads, a.state_updates, a.loss, a.micro_batches) == \
+        (b.inputs, b.params, b.grads, b.state_updates, b.loss, b.micro_batches)
+
+
+def _attrs(attrs: dict) -> dict:
+    """A random op's stream without the compile's serial number (each trace takes the next)."""
+    s = attrs.get("stream")
+    return attrs if s is None else {**attrs, "stream": (s[0], s[2])}
+
+
+def _gpt2():
+    warnings.simplefilter("ignore")
+    cfg = tf.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96, n_positions=16, bos_token_id=0,
+                        eos_token_id=0)
+    with torch.device("meta"):
+        return tf.GPT2LMHeadModel(cfg)
+
+
+def test_micro_batch_graphs_derived_from_one_capture_are_the_direct_captures():
+    m = _gpt2()
+    x = torch.zeros(8, 16, dtype=torch.int64)
+    inputs = {"input_ids": x, "labels": x}
+    opt = as_optimizer(sl.Adam())
+    space = Space(m, inputs, None, None, opt, sl.Hardware.h100_node())
+    space.graph(1)
+    for k, mb in enumerate((2, 4, 8)):  # micro-batches of 4, 2 and 1 samples
+        derived = space.graph(mb)
+        # derived, but not for one sample: torch specializes a size-1 dim (that capture has other ops)
+        assert space.captures.derived == min(k + 1, 2)
+        with torch.device("meta"):
+            direct = trace_training_graph(m, inputs, None, None, mb, opt)
+        _same(derived, direct)
+        assert derived.tensors["input_ids"].shape == (8 // mb, 16)
+
+
+class _BatchSecond(torch.nn.Module):
+    """Puts the batch on dim 1 midway (``rebatch`` derives only a leading batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, 6)
+        h = self.fc(x).transpose(0, 1)  # (T, B, 6)
+        return h.sum(dim=(0, 2))  # (B,)
+
+
+def test_a_graph_the_rules_cannot_derive_is_captured_again():
+    m = _BatchSecond()
+    x, y = torch.randn(4, 3, 6), torch.randn(4)
+    opt = as_optimizer(None)
+    space = Space(m, (x,), torch.nn.functional.mse_loss, y, opt, sl.Hardware.cpu_box(), capture="aten")
+    whole = space.graph(1)
+    half = space.graph(2)
+    assert space.captures.derived == 0  # refused: captured again
+    direct = trace_training_graph(m, (x,), torch.nn.functional.mse_loss, y, 2, opt, capture="aten")
+    _same(half, direct)
+    assert whole.tensors[whole.inputs[0]].shape == (4, 3, 6)
+    b, g, grads, _ = space.captures.whole
+    assert rebatch(g, grads, b, 2) is None and rebatch(g, grads, b, 3) is None  # 3 does not divide 4
+    assert rebatch(g, grads, b, 4) is not g and rebatch(g, grads, b, 4).tensors.keys() == g.tensors.keys()
