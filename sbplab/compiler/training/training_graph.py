@@ -66,7 +66,7 @@ CAPTURES = ("auto", "aten", "fx")
 def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
                          target: torch.Tensor | None, micro_batches: int = 1, optimizer: Any = None,
                          *, full_batch_graph: Graph | None = None, capture: str = "auto",
-                         precision: Precision | None = None) -> Graph:
+                         precision: Precision | None = None, capture_fn: Callable | None = None) -> Graph:
     """Trace ``module`` on the first micro-batch of ``example_inputs``/``target`` (one full batch)
     and build its training graph.
 
@@ -86,9 +86,11 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
         if capture == "fx":
             raise GraphError(f"capture='fx' cannot run {precision}: mixed precision is captured at ATen level "
                              f"under torch.autocast; use capture='aten' or 'auto'")
-        return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer, precision)
+        return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer, precision,
+                                   capture_fn)
     if capture == "aten" or (capture == "auto" and isinstance(example_inputs, dict)):
-        return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer)
+        return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer,
+                                   capture_fn=capture_fn)
     try:
         xs = as_tensor_tuple(example_inputs)
         tensors = first_micro_batch([*xs, *([target] if target is not None else [])], micro_batches)
@@ -107,7 +109,8 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
             raise GraphError(f"torch.fx could not trace {type(module).__name__}: {type(fx_error).__name__}: "
                              f"{fx_error}; capture='aten' captures any model torch.export can") from fx_error
         try:
-            return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer)
+            return aten_training_graph(module, example_inputs, loss_fn, target, micro_batches, optimizer,
+                                       capture_fn=capture_fn)
         except GraphError as e:
             raise type(e)(f"{e}\n  (torch.fx tracing failed too: {type(fx_error).__name__}: "
                           f"{str(fx_error).splitlines()[0] if str(fx_error) else ''})") from e
@@ -115,7 +118,7 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
 
 def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: Callable | None,
                         target: Any, micro_batches: int = 1, optimizer: Any = None,
-                        precision: Precision | None = None) -> Graph:
+                        precision: Precision | None = None, capture_fn: Callable | None = None) -> Graph:
     """The training graph captured at ATen level (``aten_capture``): forward and backward from torch's
     autograd on the first micro-batch, gradients summed over ``micro_batches``, then ``optimizer``.
 
@@ -125,6 +128,8 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
         returns its loss.
     precision: mixed precision (``precision_pass``): master weights, autocast compute, gradient and
         optimizer-state dtypes.
+    capture_fn: called instead of ``capture_aten``, with its arguments (the search derives a micro-batch's
+        capture from the whole batch's, ``search/rebatch.py``).
     """
     precision = precision or Precision()
     module = master_module(module, precision)
@@ -135,8 +140,8 @@ def aten_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: C
     targets = () if target is None else as_tensor_tuple(target)
     flat = first_micro_batch([*args, *kwargs.values(), *targets], micro_batches)
     n, k = len(args), len(kwargs)
-    g, grads = capture_aten(module, flat[:n], dict(zip(kwargs, flat[n:n + k])), loss_fn, flat[n + k:],
-                            autocast=autocast_dtype(precision))
+    g, grads = (capture_fn or capture_aten)(module, flat[:n], dict(zip(kwargs, flat[n:n + k])), loss_fn,
+                                            flat[n + k:], autocast=autocast_dtype(precision))
     from ...ops.aten.family_random import number_random_ops
     from ..frontend.aten_unmerge import unmerge_batched_matmuls
 
