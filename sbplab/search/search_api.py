@@ -24,6 +24,7 @@ from ..compiler.ir import Graph, GraphError
 from ..compiler.training.optim import as_optimizer
 from ..compiler.training.training_graph import CAPTURES, trace_training_graph
 from ..hardware import Hardware
+from ..machine import Machine
 from .box_prices import BoxPrices
 from .candidate import Candidate
 from .capacity import check_device_bound, device_capacity
@@ -129,7 +130,7 @@ class Space:
         # on a roofline (``Hardware.op_time`` without a table) 1/m of an op's FLOPs and bytes takes exactly 1/m
         # of its time, so times m it is the op's own price: only a machine model with efficiency by size
         # (a ``Machine``'s device) prices the smaller kernel anew
-        same = type(base.hw).op_time is Hardware.op_time
+        same = type(base.hw).op_time is Hardware.op_time or (isinstance(base.hw, Machine) and base.hw.device is None)
         pricer = None if same else Pricer(base.graph, mesh.placement(), base.hw, self.boxes, work_scale=1.0 / m)
         scaled: dict[int, tuple[np.ndarray, dict[int, np.ndarray]]] = {}  # identical layers share arrays
         ops = []
