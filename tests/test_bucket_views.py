@@ -1,5 +1,5 @@
-"""Gradients written straight into their bucket (``gradient_as_bucket_view``): the gradient kernels'
-``into`` forms equal their plain kernels bit for bit, the firing rule keeps a reused buffer from being
+"""Gradients written straight into their bucket (``gradient_as_bucket_view``): the ``into`` forms of the
+ATen ops a gradient comes from equal their plain kernels bit for bit, the firing rule keeps a reused buffer from being
 overwritten while it is still read, the simulator prices a pack that moves nothing as a firing only,
 and on real Gloo workers the gradients are views of the one buffer the all-reduce runs on, the same
 buffer every step, while the run trains like single-device torch and gives the very bits of a run
@@ -16,7 +16,9 @@ import sbplab as sl
 from sbplab.boxing.bucket_kernels import pack_bucket
 from sbplab.boxing.kinds import kernel_ref
 from sbplab.compiler import SGD, compile, presets
-from sbplab.ops.registry import REGISTRY
+from sbplab.ops.aten.calls import Slot
+from sbplab.ops.aten.into import OUT_OVERLOADS
+from sbplab.ops.registry import REGISTRY, get_op
 from sbplab.placement import Placement
 from sbplab.runtime import ActorPlan, Compute, LocalCluster, Ref, Sink
 from sbplab.runtime.buffers import BufferPools, BufferSlot
@@ -30,14 +32,21 @@ from sbplab.sim.shapes import infer_rank_shapes
 PACK = kernel_ref(pack_bucket)
 K = "sbplab.runtime.kernels:"
 
-INTO_CASES = {  # op -> (inputs, attrs) for a local instance
-    "linear_grad_weight": (lambda g: [torch.randn(2, 6, 5, generator=g), torch.randn(2, 6, 3, generator=g)], {}),
-    "grad_sum": (lambda g: [torch.randn(6, 4, generator=g)], {"dims": (0,), "squeeze": (0,)}),
+S0, S1, S2 = Slot(0), Slot(1), Slot(2)
+INTO_CASES = {  # op -> (inputs, attrs) for a local instance: the ops a parameter's gradient comes from
+    "aten.mm.default": (lambda g: [torch.randn(5, 12, generator=g), torch.randn(12, 3, generator=g)],
+                        {"args": (S0, S1), "kwargs": ()}),
+    "aten.bmm.default": (lambda g: [torch.randn(2, 5, 6, generator=g), torch.randn(2, 6, 3, generator=g)],
+                         {"args": (S0, S1), "kwargs": ()}),
+    "aten.addmm.default": (lambda g: [torch.randn(3, generator=g), torch.randn(5, 6, generator=g),
+                                      torch.randn(6, 3, generator=g)], {"args": (S0, S1, S2), "kwargs": ()}),
+    "aten.sum.dim_IntList": (lambda g: [torch.randn(6, 4, 3, generator=g)], {"args": (S0, (0, 2), False), "kwargs": ()}),
 }
 
 
 def test_every_into_kernel_is_tested_here():
-    assert {name for name, op in REGISTRY.items() if op.kernel_into is not None} == set(INTO_CASES)
+    assert set(OUT_OVERLOADS) == set(INTO_CASES)
+    assert {name for name, op in REGISTRY.items() if op.kernel_into is not None} <= set(INTO_CASES)
 
 
 @pytest.mark.parametrize("name", sorted(INTO_CASES))
@@ -45,19 +54,13 @@ def test_into_kernel_writes_exactly_what_the_kernel_returns_into_a_view(name):
     g = torch.Generator().manual_seed(0)
     make, attrs = INTO_CASES[name]
     xs = make(g)
-    want = REGISTRY[name].kernel(xs, attrs)[0]
+    op = get_op(name)
+    want = op.kernel(xs, attrs)[0]
     buf = torch.full((want.numel() + 7,), float("nan"))
     view = buf[3: 3 + want.numel()].view(want.shape)  # an offset view, as in a bucket
-    REGISTRY[name].kernel_into(xs, attrs, view)
+    op.kernel_into(xs, attrs, view)
     assert torch.equal(view, want)
     assert buf[:3].isnan().all() and buf[3 + want.numel():].isnan().all()  # nothing written outside
-
-
-def test_grad_sum_into_without_reduced_dims_copies():
-    x = torch.randn(1, 5)
-    out = torch.empty(5)
-    REGISTRY["grad_sum"].kernel_into([x], {"dims": (), "squeeze": (0,)}, out)
-    assert torch.equal(out, REGISTRY["grad_sum"].kernel([x], {"dims": (), "squeeze": (0,)})[0])
 
 
 def test_pack_copies_only_gradients_not_in_place():

@@ -131,7 +131,7 @@ def test_torch_backward_equals_autograd_on_the_zoo(cls, cfg):
     m = cls(cfg)
     xs, y = m.example_batch(4)
     g = from_torch(m, xs, m.loss_fn, y)
-    attach_gradients(g, differentiate(g, g.loss, by_torch=True), 1)
+    attach_gradients(g, differentiate(g, g.loss), 1)
     env = interpret(g, dict(zip(g.inputs, list(xs) + [y])))
     m.loss_fn(m(*xs), y).backward()
     for n, p in m.named_parameters():
@@ -148,7 +148,7 @@ def test_torch_backward_of_every_op_equals_autograd():
     want = _torch_grads(g, feeds)
     assert {op.type for op in g.ops} >= {"linear", "matmul", "layer_norm", "softmax", "log_softmax", "max", "min",
                                         "gather", "embedding", "concat", "slice", "permute", "view", "div"}
-    attach_gradients(g, differentiate(g, g.loss, by_torch=True), 1)
+    attach_gradients(g, differentiate(g, g.loss), 1)
     got = interpret(g, feeds)
     for p in g.params:
         torch.testing.assert_close(got[g.grads[p]], want[p], rtol=1e-5, atol=1e-6)

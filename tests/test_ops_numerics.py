@@ -214,13 +214,14 @@ FAMILIES = {
 def test_every_registered_op_has_a_family():
     """A new op of the library must be added to a family here, so that it is checked like the others.
 
-    (Gradient and optimizer ops, ``sbplab.ops.grad_ops*`` and ``optim_ops``, are checked against
-    torch.autograd and torch.optim in the compiler's tests; ATen ops, made from torch.ops on first use,
-    are checked on shards per family instance by ``tests/test_aten_rules.py``.)"""
+    (Constants, accumulation and optimizer ops, ``sbplab.ops.scalars`` and ``optim_ops``, are checked
+    against torch.optim in the compiler's tests; gradients come from torch's autograd as ATen ops, which,
+    made from torch.ops on first use, are checked on shards per family instance by
+    ``tests/test_aten_rules.py``.)"""
     covered = {"add", "sub", "mul", "div", "neg", "relu", "gelu", "tanh", "exp", "sum", "mean", "max",
                "min", "softmax", "log_softmax", "layer_norm", "matmul", "linear", "embedding", "gather",
                "cross_entropy", "transpose", "permute", "reshape", "view", "concat", "slice", "conv2d"}
-    training = ("sbplab.ops.grad_ops", "sbplab.ops.grad_ops_nn", "sbplab.ops.optim_ops", "sbplab.ops.control")
+    training = ("sbplab.ops.scalars", "sbplab.ops.optim_ops", "sbplab.ops.control")
     aten = "sbplab.ops.aten.opdef"
     library = {n for n, op in REGISTRY.items()
                if op.kernel.__module__.startswith("sbplab.ops") and op.kernel.__module__ not in (*training, aten)}
@@ -276,19 +277,19 @@ def test_localized_signatures_on_uneven_nd_meshes(case):
         assert checked == len(sigs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_loss_and_relu_gradients_are_autograds_bit_for_bit_on_every_row_shard(dtype):
-    """cross_entropy_grad and relu_grad run autograd's own kernels: a data-parallel shard of rows, with
-    the global N, gives exactly the rows single-device torch's backward gives, not only close ones."""
+def test_loss_and_relu_gradients_are_autograds_bit_for_bit():
+    """The backward of cross_entropy and relu is torch's own (the ATen ops autograd runs, traced): it gives
+    exactly the gradient single-device torch's backward gives, not only a close one. (Each ATen op's
+    shards are checked against the whole op by ``tests/test_aten_rules.py``.)"""
+    from sbplab.compiler import GraphBuilder, interpret
+    from sbplab.compiler.training.autodiff import differentiate
+
     torch.manual_seed(0)
-    logits, target = torch.randn(12, 7, dtype=dtype), torch.randint(0, 7, (12,))
+    logits, target = torch.randn(12, 7), torch.randint(0, 7, (12,))
     x = logits.clone().requires_grad_()
-    F.cross_entropy(x, target).backward()
-    ce = get_op("cross_entropy_grad")
-    for lo, hi in [(0, 12), (0, 5), (5, 12)]:
-        got = ce.kernel([torch.tensor(1.0, dtype=dtype), logits[lo:hi], target[lo:hi]], {"count": 12})[0]
-        assert torch.equal(got, x.grad[lo:hi])
-    h = torch.randn(6, 5, dtype=dtype, requires_grad=True)
-    y, g = torch.relu(h), torch.randn(6, 5, dtype=dtype)
-    y.backward(g)
-    assert torch.equal(get_op("relu_grad").kernel([g, y.detach()], {})[0], h.grad)
+    F.cross_entropy(torch.relu(x), target).backward()
+    b = GraphBuilder()
+    graph = b.build(b.cross_entropy(b.relu(b.param("w", (12, 7), init=logits)), b.input("t", (12,), torch.int64)))
+    grads = differentiate(graph, graph.loss)
+    assert "aten.threshold_backward.default" in {op.type for op in graph.ops_in("backward")}
+    assert torch.equal(interpret(graph, {"t": target})[grads["w"]], x.grad)

@@ -3,7 +3,7 @@
 The pipeline, one sub-package per stage: ``frontend`` (torch.fx import, hand-built graphs),
 ``training`` (autodiff, optimizers), ``deduction`` (strategies, hints, signature choice),
 ``physical`` (per-rank graph, memory, in-process executor), ``lowering`` (actor plans for the
-runtime). Importing it attaches the gradient rules to the op library's ops.
+runtime).
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ from .physical.expand import lower
 from .physical.graph import PhysCollective, PhysicalGraph, PhysNode, PhysRef
 from .physical.local_executor import LocalExecutor
 from .training.autodiff import add_backward, differentiate
-from .training.grad_rules import attach_rules
 from .training.optim import SGD, Adam, AdamW
-
-attach_rules()
 
 __all__ = [
     "SGD", "Adam", "AdamW", "PhysCollective", "Compiled", "Deduction", "Graph", "GraphBuilder", "GraphError",

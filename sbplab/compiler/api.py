@@ -147,8 +147,8 @@ def compile(model: torch.nn.Module, inputs: Any, *, target: torch.Tensor | None 
     inputs, and ``loss_fn`` None when the model computes its own loss (a transformers model given
     ``labels``): ``sl.compile(model, {"input_ids": x, "labels": x})``.
 
-    capture: "aten" (torch.export + torch's autograd, any model), "fx" (sbplab's own op library and
-        gradient rules), "auto" (fx where it maps the whole model, else aten); see
+    capture: "aten" (torch.export + torch's autograd, any model), "fx" (sbplab's own op library, each
+        op's backward from torch's autograd), "auto" (fx where it maps the whole model, else aten); see
         ``trace_training_graph``.
     device: "cpu" or "cuda" binds a device-free strategy (presets, search results) here; None leaves it
         device-free, bound by the cluster that runs it.

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 # importing the op files registers their ops
-from . import (  # noqa: F401  (the gradient and optimizer ops too)
+from . import (  # noqa: F401  (the constants, accumulation and optimizer ops too)
     control,
     conv,
     elementwise,
-    grad_ops,
-    grad_ops_nn,
     indexing,
     linalg,
     loss,
     nn,
     optim_ops,
     reduce,
+    scalars,
     shape,
 )
 from .check import check_signature_numerics, random_shards, run_signature  # noqa: F401

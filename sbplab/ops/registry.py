@@ -124,7 +124,6 @@ class OpDef:
     - ``localize(attrs, ctx)`` -> attrs for one shard (a reshape's target shape, an embedding's
       vocabulary offset, a mean's global count).
     - ``flops(in_metas, out_metas, attrs)`` -> floating point operations of the global op.
-    - ``grad``: filled by the compiler: builds the backward ops of this op in a graph.
     - ``kernel_into(local_inputs, local_attrs, out)``, optional, one-output ops only: the kernel's
       result written into ``out`` (a view of a gradient bucket), bit for bit what ``kernel`` returns.
     """
@@ -135,7 +134,6 @@ class OpDef:
     kernel: KernelFn
     flops: FlopsFn = _zero_flops
     localize: LocalizeFn = _no_localize
-    grad: Callable[..., Any] | None = None
     variadic: bool = False  # inputs are a list of any length (concat)
     kernel_into: IntoFn | None = None
     doc: str = ""

@@ -205,7 +205,7 @@ class Pricer:
         return fwd + bwd
 
     def rereads(self, op: OpNode, pos: int) -> bool:
-        """Does a backward op of ``op`` read its input ``pos`` again (``linear_grad_weight`` reads x)? Then
+        """Does a backward op of ``op`` read its input ``pos`` again (a weight gradient's ``mm`` reads x)? Then
         that read boxes it again in backward: deduction shares a boxing within a phase, and a stage
         keeps what it received for backward only across placements."""
         t = op.inputs[pos]

@@ -15,7 +15,7 @@ bounded caches, shared by all deductions: re-deducing after a small strategy cha
 what changed.
 
 Gradients need no special case: a batch-split ``x`` times a broadcast ``w`` makes a ``P``
-weight gradient by the signature of ``linear_grad_weight``; the optimizer's signatures then pull
+weight gradient by the signature of the backward's ``mm``; the optimizer's signatures then pull
 it to ``B`` (all-reduce) or, when the state is stored ``S(0)``, to ``S(0)`` (reduce-scatter).
 """
 

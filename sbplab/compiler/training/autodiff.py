@@ -1,10 +1,12 @@
-"""Reverse-mode autodiff on the logical graph: the backward pass as ordinary graph ops.
+"""Reverse-mode autodiff on the logical graph: torch's own backward, as ordinary graph ops.
 
-Walking the forward ops in reverse, each op's rule (``OpDef.grad``) turns its output gradients
-into input gradients; a tensor read by several ops sums its contributions with ``add``. Because
-the backward pass is made of registry ops, SBP deduction treats it exactly like the forward: a
-batch-split activation times a broadcast weight yields a ``P`` weight gradient by signature, not
-by special case. With micro-batches, ``acc`` ops sum each gradient over the micro-batches of a step.
+Walking the forward ops in reverse, each op's output gradients become its input gradients by the
+backward torch's autograd runs for the op's kernel (``op_vjp.py``: traced once per op, shapes and
+attrs, and spliced in as ATen ops that name the forward op, its module and source). A tensor read by
+several ops sums its contributions with ``add``. Because the backward pass is made of registry ops,
+SBP deduction treats it exactly like the forward: a batch-split activation times a broadcast weight
+yields a ``P`` weight gradient by the signature of the backward's ``mm``, not by special case. With
+micro-batches, ``acc`` ops sum each gradient over the micro-batches of a step.
 """
 
 from __future__ import annotations
@@ -12,17 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...gc_pause import without_gc
-from ...ops.registry import get_op
 from ..ir import Graph, GraphError, OpNode
-from .grad_rules import attach_rules
 from .op_vjp import backward_of
 
 
-class _Ctx:
-    """What a rule may do: emit backward ops next to the forward op, and read shapes."""
+class _Emitter:
+    """Adds the ops autodiff makes itself (the seed, sums of contributions) next to the op they serve."""
 
-    def __init__(self, graph: Graph, requires: set[str]) -> None:
-        self.graph, self.requires = graph, requires
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
         self.op: OpNode | None = None
 
     def emit(self, type: str, inputs: Sequence[str], attrs: dict | None = None) -> list[str]:
@@ -30,12 +30,6 @@ class _Ctx:
         node = self.graph.add_op(type, inputs, attrs, phase="backward", module=op.module if op else "",
                                  source=op.source if op else "", forward_op=op.name if op else None)
         return list(node.outputs)
-
-    def shape(self, tensor: str) -> tuple[int, ...]:
-        return self.graph.tensors[tensor].shape
-
-    def needs(self, op: OpNode, index: int) -> bool:
-        return op.inputs[index] in self.requires
 
 
 def _requires_grad(graph: Graph) -> set[str]:
@@ -47,27 +41,24 @@ def _requires_grad(graph: Graph) -> set[str]:
     return req
 
 
-def differentiate(graph: Graph, loss: str, seed: float = 1.0, by_torch: bool = True) -> dict[str, str]:
+def differentiate(graph: Graph, loss: str, seed: float = 1.0) -> dict[str, str]:
     """Append the backward pass of ``loss`` to ``graph``; returns param -> gradient tensor.
 
     ``seed`` is d(objective)/d(loss): 1 for one batch, 1/M when the objective is the mean over M
     micro-batches. A parameter the loss does not depend on gets a zero gradient (and a warning in
-    its name: ``fill``), so optimizers still see every parameter.
+    its name: ``fill``), so optimizers still see every parameter. Records each forward tensor's total
+    gradient (``graph.tensor_grads``) and each forward op's gradient per input (``graph.input_grads``):
+    hints by op name reach them (``input_grad=``).
     """
-    attach_rules()
     if graph.tensors[loss].shape != ():
         raise GraphError(f"the loss {loss!r} must be a scalar, got shape {graph.tensors[loss].shape}; "
                          f"reduce it with mean or sum first")
     requires = _requires_grad(graph)
     if loss not in requires:
         raise GraphError(f"the loss {loss!r} does not depend on any parameter; nothing to train")
-    ctx = _Ctx(graph, requires)
+    ctx = _Emitter(graph)
     contribs: dict[str, list[str]] = {loss: ctx.emit("fill", [], {"shape": (), "value": float(seed)})}
     forward = [op for op in graph.ops if op.phase == "forward"]
-    missing = sorted({op.type for op in forward if get_op(op.type).grad is None
-                      and any(i in requires for i in op.inputs)})
-    if missing and not by_torch:
-        raise GraphError(f"no gradient rule for op(s) {missing}; these ops cannot be trained through")
     for op in reversed(forward):
         if not any(o in contribs for o in op.outputs) or not any(i in requires for i in op.inputs):
             continue
@@ -76,12 +67,7 @@ def differentiate(graph: Graph, loss: str, seed: float = 1.0, by_torch: bool = T
         for o, go in zip(op.outputs, gouts):
             if go is not None:
                 graph.tensor_grads[o] = go
-        if by_torch:
-            grads = backward_of(graph, op, [i in requires for i in op.inputs], gouts)
-        else:
-            grads = get_op(op.type).grad(ctx, op, gouts)
-        if len(grads) != len(op.inputs):
-            raise GraphError(f"gradient rule of {op.type!r} returned {len(grads)} grads for {len(op.inputs)} inputs")
+        grads = backward_of(graph, op, [i in requires for i in op.inputs], gouts)
         graph.input_grads[op.name] = tuple(gi if inp in requires else None for inp, gi in zip(op.inputs, grads))
         for inp, gi in zip(op.inputs, grads):
             if gi is not None and inp in requires:
@@ -98,7 +84,7 @@ def differentiate(graph: Graph, loss: str, seed: float = 1.0, by_torch: bool = T
     return out
 
 
-def _total(ctx: _Ctx, parts: list[str] | None) -> str | None:
+def _total(ctx: _Emitter, parts: list[str] | None) -> str | None:
     """The sum of a tensor's gradient contributions (a chain of adds, in the order they came)."""
     if not parts:
         return None
