@@ -257,7 +257,8 @@ def _ranking(d: Deduction, op: OpNode, have: tuple, want_out: dict) -> Scored:
     twin = d.twins.get(op.name)
     if twin is None and op.name not in d._asked:
         return rank_signatures(d, op, have, want_out)
-    question = (have, tuple((j, w, pl) for j, (w, pl, _) in want_out.items()), pinned_inputs(d, op))
+    question = (have, tuple([(j, w, pl) for j, (w, pl, _) in want_out.items()]) if want_out else (),
+                pinned_inputs(d, op) if d.store_hints else ())
     asked = d._asked.get(twin) if twin is not None else None
     if asked is not None and asked[0] == question:
         scored = asked[1]
@@ -270,9 +271,17 @@ def _ranking(d: Deduction, op: OpNode, have: tuple, want_out: dict) -> Scored:
 
 def choose(d: Deduction, op: OpNode) -> None:
     """Give ``op`` its signature (the forced one, else the chooser's pick), box its inputs, record why."""
-    states = [d.read_state(t, op.phase, op.stage) for t in op.inputs]
-    have = tuple(sbp for sbp, _ in states)
-    used = [t for t, (_, via) in zip(op.inputs, states) if via is not None]  # e.g. ZeRO's gathered params
+    inputs = op.inputs
+    # an input with a use hint is read through its use boxing (ZeRO's gathered params); most have none
+    hinted = bool(d.use_hints) and op.phase != "update" and any(t in d.use_hints for t in inputs)
+    if hinted:
+        states = [d.read_state(t, op.phase, op.stage) for t in inputs]
+        have = tuple([sbp for sbp, _ in states])
+        used = [t for t, (_, via) in zip(inputs, states) if via is not None]
+    else:
+        sbp_of = d.sbp
+        have = tuple([sbp_of[t] for t in inputs])
+        used = []
     want_out = wanted_outputs(d, op)
     scored = _ranking(d, op, have, want_out)
     if op.name in d.forced:
@@ -284,8 +293,14 @@ def choose(d: Deduction, op: OpNode) -> None:
     if want_out:
         reason += "; outputs must end as " + ", ".join(
             f"{op.outputs[j]} {fmt_sbp(w)} ({why})" for j, (w, _, why) in want_out.items())
-    reads = [d.read(op, t, sig.inputs[i], lambda i=i: f"input {i} of {op.type} {op.name!r} under {sig}")
-             for i, t in enumerate(op.inputs)]
+    reads: list[int | None] = []
+    where, pl = d.placement, op.placement
+    for i, t in enumerate(inputs):
+        want = sig.inputs[i]
+        if not hinted and have[i] == want and where[t] == pl:  # read as it is (what ``read`` finds first)
+            reads.append(None)
+        else:
+            reads.append(d.read(op, t, want, lambda i=i: f"input {i} of {op.type} {op.name!r} under {sig}"))
     d.choices[op.name] = OpChoice(op.name, sig, cost, reads, reason, rejected)
     for j, o in enumerate(op.outputs):
         d.placement[o] = op.placement

@@ -49,14 +49,20 @@ def _layer_of(module: str, memo: dict[str, tuple[str, int] | None]) -> tuple[str
     return found
 
 
-def _alike(g: Graph, a: OpNode, b: OpNode) -> bool:
-    """The parts of a ranking question that never change while deducing: the same for both ops."""
-    if a.type != b.type or a.placement != b.placement or len(a.inputs) != len(b.inputs):
+def _alike(g: Graph, a: OpNode, b: OpNode, placement_of: dict) -> bool:
+    """The parts of a ranking question that never change while deducing: the same for both ops. (Lists
+    compare their items by identity first: twins' metas, placements and argument slots are mostly the
+    same objects, so this costs little.)"""
+    if a.type != b.type or len(a.inputs) != len(b.inputs) or len(a.outputs) != len(b.outputs):
         return False
-    if len(a.outputs) != len(b.outputs) or a.attrs != b.attrs:
+    if a.placement is not b.placement and a.placement != b.placement:
         return False
     ts = g.tensors
-    return all(ts[x].meta == ts[y].meta for x, y in zip(a.inputs, b.inputs))
+    if [ts[x].meta for x in a.inputs] != [ts[y].meta for y in b.inputs]:
+        return False
+    if [placement_of[x] for x in a.inputs] != [placement_of[y] for y in b.inputs]:
+        return False
+    return a.attrs == b.attrs
 
 
 def layer_twins(g: Graph, placement_of: dict) -> dict[str, str]:
@@ -81,6 +87,6 @@ def layer_twins(g: Graph, placement_of: dict) -> dict[str, str]:
             if len(before) != len(ops):
                 continue
             for a, b in zip(before, ops):
-                if _alike(g, a, b) and all(placement_of[x] == placement_of[y] for x, y in zip(a.inputs, b.inputs)):
+                if _alike(g, a, b, placement_of):
                     twins[b.name] = a.name
     return twins

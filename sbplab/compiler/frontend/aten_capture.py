@@ -338,13 +338,17 @@ def _placeholder(g: Graph, node: fx.Node, canonical: dict, by_name: dict, input_
     raise CaptureError(f"unexpected captured input {node.name} ({desc!r})")
 
 
+_SLOTS = tuple(Slot(k) for k in range(64))  # shared: equal templates then compare by identity (deduction's twins)
+
+
 def _template(v: Any, env: dict, inputs: list[str]) -> Any:
     if isinstance(v, NODES):
         name = env[v]
         if name is None:
             return None
         inputs.append(name)
-        return Slot(len(inputs) - 1)
+        k = len(inputs) - 1
+        return _SLOTS[k] if k < len(_SLOTS) else Slot(k)
     if isinstance(v, (list, tuple)):
         return tuple(_template(x, env, inputs) for x in v)
     if isinstance(v, torch.device):
