@@ -70,6 +70,7 @@ def uniform_rank(plan: ActorPlan) -> int | None:
         rp = plan.ranks[r]
         comm_pos[r] = {rp.actors[i].name: i for i in rp.comm_positions}
     holders: dict[str, int] = {}
+    placed: set[tuple] = set()  # (name, group, position) whose members were all found there
     for r in busy:
         rp = plan.ranks[r]
         for i in rp.comm_positions:
@@ -77,9 +78,13 @@ def uniform_rank(plan: ActorPlan) -> int | None:
             if not isinstance(a, Collective):
                 return None
             holders[a.name] = holders.get(a.name, 0) + 1
+            key = (a.name, a.group, i)
+            if key in placed:
+                continue
             for m in a.group:
                 if m not in comm_pos or comm_pos[m].get(a.name) != i:
                     return None
+            placed.add(key)
     for r in busy:
         rp = plan.ranks[r]
         for i in rp.comm_positions:

@@ -42,7 +42,7 @@ def _signature(plan: ActorPlan, r: int, costs: list[FiringCost], shapes: dict[st
 def _partners(plan: ActorPlan, r: int, lookup: Lookup) -> list[tuple[tuple[int, int], ...]]:
     """Per communication actor of rank r: (rank, actor position) of every other party."""
     out = []
-    for a in plan.ranks[r].actors:
+    for a in plan.ranks[r].comm_actors:
         if isinstance(a, Collective):
             every = lookup.members(a)
             out.append(tuple([x for x in every if x[0] != r]))
@@ -65,11 +65,13 @@ def rank_classes(plan: ActorPlan, costs: dict[int, list[FiringCost]], shapes: di
     each group (the only ones ``shapes`` needs); None: every rank on its own. ``orders``: each rank's
     communication order (``alike.rank_orders``), else taken from the plan."""
     alike = alike if alike is not None else {r: [r] for r in plan.ranks}
-    sig = {}
-    for r, members in alike.items():
+    number: dict[tuple, int] = {}
+    cls: dict[int, int] = {}
+    for r, members in alike.items():  # a signature is hashed once per alike group, not once per rank
         s = _signature(plan, r, costs[r], shapes[r], orders[r] if orders is not None else plan.rank_order(r))
-        sig.update((m, s) for m in members)
-    cls = _ids({r: sig[r] for r in plan.ranks})
+        c = number.setdefault(s, len(number))
+        cls.update((m, c) for m in members)
+    cls = {r: cls[r] for r in plan.ranks}
     lookup = Lookup(plan)
     partners = {r: _partners(plan, r, lookup) for r in plan.ranks}
     while True:  # refine by the classes and positions of the partners until nothing splits
@@ -102,16 +104,18 @@ class Lookup:
         return got
 
     def index(self, rank: int, name: str) -> int:
-        if rank not in self.names:
-            self.names[rank] = {a.name: i for i, a in enumerate(self.plan.ranks[rank].actors)}
+        if rank not in self.names:  # communication actors only: the ones asked for
+            rp = self.plan.ranks[rank]
+            self.names[rank] = {rp.actors[i].name: i for i in rp.comm_positions}
         return self.names[rank][name]
 
     def partner(self, rank: int, a) -> int:
         """Position of the receive matching send ``a`` (or the send matching receive ``a``) on its peer."""
         peer = a.peer
         if peer not in self.p2p:
-            self.p2p[peer] = {(type(b), b.peer, b.tag): i for i, b in enumerate(self.plan.ranks[peer].actors)
-                              if isinstance(b, (Send, Recv))}
+            rp = self.plan.ranks[peer]
+            self.p2p[peer] = {(type(b), b.peer, b.tag): i for i in rp.comm_positions
+                              if isinstance(b := rp.actors[i], (Send, Recv))}
         want = Recv if isinstance(a, Send) else Send
         i = self.p2p[peer].get((want, rank, a.tag))
         if i is None:

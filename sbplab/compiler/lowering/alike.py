@@ -25,6 +25,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING
 
+from ...boxing.kinds import kernel_ref
 from ...ops.registry import RNG_ATTRS
 from ...runtime.buffers import BufferSlot
 from ...runtime.specs import Actor, Collective, Compute, State
@@ -67,6 +68,7 @@ class _Rep:
     def __init__(self, rank: int, nodes: list[PhysNode], starts: list[int]) -> None:
         self.rank, self.nodes, self.starts = rank, nodes, starts
         self.members: list[int] = [rank]
+        self.misses: list[int] = []  # node positions where a rank differed from this one
         self.into: list[tuple[int, int, int]] = []  # (producer, pack, input) positions written into a bucket
 
 
@@ -95,90 +97,141 @@ class GroupedLowering:
         for r, nodes in self.nodes_of.items():
             if r in self.p2p:
                 continue
-            rep = self._find(nodes)
-            starts: list[int] = []
-            if rep is not None and self._copy(rep, r, nodes, starts):
+            rep = self._copy_from_some(r, nodes)
+            if rep is not None:
                 self.rep_of[r] = rep
                 rep.members.append(r)
                 continue
-            actors = lw.actors[r]  # alone, from where a copy stopped (what it made is what lowering makes)
-            for i in range(len(starts), len(nodes)):
+            actors, starts = lw.actors[r], []
+            for n in nodes:
                 starts.append(len(actors))
-                lw.node(nodes[i])
+                lw.node(n)
             starts.append(len(actors))
             rep = self.rep_of[r] = _Rep(r, nodes, starts)
             self.reps.append(rep)
 
-    def _find(self, nodes: list[PhysNode]) -> _Rep | None:
-        """The representative whose nodes match ``nodes``, the largest groups tried first."""
+    def _copy_from_some(self, r: int, nodes: list[PhysNode]) -> _Rep | None:
+        """The representative rank r's actors were copied from, the largest groups tried first; a node where
+        a rank differed from a representative is compared first next time, so most misses cost one node."""
         tried = 0
         for rep in sorted(self.reps, key=lambda x: -len(x.members)):
-            if len(rep.nodes) != len(nodes):
+            if len(rep.nodes) != len(nodes) or not all(self._node_alike(rep.nodes[i], nodes[i]) for i in rep.misses):
                 continue
-            if self._nodes_match(rep.nodes, nodes):
+            at = self._copy(rep, r, nodes)
+            if at < 0:
                 return rep
+            rep.misses.append(at)
+            self._undo(r)
             tried += 1
             if tried >= MAX_TRIES:
                 break
         return None
 
-    def _nodes_match(self, reps: list[PhysNode], nodes: list[PhysNode]) -> bool:
-        local, bucket_of = self.local, self.lw.bucket_of
-        for rn, mn in zip(reps, nodes):
-            if (rn.kind != mn.kind or rn.op != mn.op or rn.logical != mn.logical or rn.when != mn.when
-                    or rn.stage != mn.stage or rn.phase != mn.phase or rn.accumulate != mn.accumulate
-                    or rn.out_shapes != mn.out_shapes or rn.in_shapes != mn.in_shapes
-                    or rn.out_dtypes != mn.out_dtypes or (rn.collective is None) != (mn.collective is None)):
+    def _undo(self, r: int) -> None:
+        """Forget rank r's actors made so far (what else lowering noted is by node, and made again alike)."""
+        lw = self.lw
+        lw.actors[r].clear()
+        lw.stage_of[r].clear()
+        for key in [k for k in lw.waiting if k[1] == r]:
+            del lw.waiting[key]
+
+    def _node_alike(self, rn: PhysNode, mn: PhysNode) -> bool:
+        local = self.local
+        if (rn.kind != mn.kind or rn.op != mn.op or rn.logical != mn.logical or rn.when != mn.when
+                or rn.stage != mn.stage or rn.phase != mn.phase or rn.accumulate != mn.accumulate
+                or rn.out_shapes != mn.out_shapes or rn.in_shapes != mn.in_shapes
+                or rn.out_dtypes != mn.out_dtypes or (rn.collective is None) != (mn.collective is None)):
+            return False
+        ri, mi = rn.inputs, mn.inputs
+        if len(ri) != len(mi):
+            return False
+        for a, b in zip(ri, mi):
+            if a.out != b.out or local[a.node] != local[b.node]:
                 return False
-            ri, mi = rn.inputs, mn.inputs
-            if len(ri) != len(mi):
+        if rn.kind == "compute":
+            return _same_attrs(rn.attrs, mn.attrs)
+        if rn.kind == "boxing":
+            if rn.attrs.get("plan_step") is not mn.attrs.get("plan_step"):
                 return False
-            for a, b in zip(ri, mi):
-                if a.out != b.out or local[a.node] != local[b.node]:
-                    return False
-            if rn.kind == "compute":
-                if not _same_attrs(rn.attrs, mn.attrs):
-                    return False
-            elif rn.kind == "boxing":
-                if rn.attrs.get("plan_step") is not mn.attrs.get("plan_step"):
-                    return False
-                rb, mb = bucket_of.get(rn.collective), bucket_of.get(mn.collective)  # type: ignore[arg-type]
-                if (rb is None) != (mb is None):
-                    return False
-                if rb is not None and (len(rb.collectives) != len(mb.collectives)  # type: ignore[union-attr]
-                                       or rb.collectives.index(rn.collective)
-                                       != mb.collectives.index(mn.collective)):  # type: ignore[union-attr]
-                    return False
+            bucket_of = self.lw.bucket_of
+            rb, mb = bucket_of.get(rn.collective), bucket_of.get(mn.collective)  # type: ignore[arg-type]
+            if (rb is None) != (mb is None):
+                return False
+            if rb is not None and (len(rb.collectives) != len(mb.collectives)  # type: ignore[union-attr]
+                                   or rb.collectives.index(rn.collective)
+                                   != mb.collectives.index(mn.collective)):  # type: ignore[union-attr]
+                return False
         return True
 
-    def _copy(self, rep: _Rep, r: int, nodes: list[PhysNode], starts: list[int]) -> bool:
-        """Rank r's actors made from ``rep``'s (their nodes match): a plain kernel or an input copied, the
-        rest lowered and compared. False where those differ: ``starts`` then covers the nodes lowered."""
+    def _copy(self, rep: _Rep, r: int, nodes: list[PhysNode]) -> int:
+        """Rank r's actors made from ``rep``'s, node by node: -1 when every node and actor matched, else the
+        position of the first that did not (r then holds a part of its actors). ``_node_alike`` is written
+        out here: this loop runs once per op instance of every rank copied."""
         lw = self.lw
-        actors, theirs = lw.actors[r], lw.actors[rep.rank]
-        name_of, scope_of, ref, micro = lw.name, lw.scope, lw.ref, lw.phys.micro_batches > 1
-        own, stage_of = lw.own.get(r, ()), lw.stage_of[r]
+        actors, theirs, rnodes, rstarts = lw.actors[r], lw.actors[rep.rank], rep.nodes, rep.starts
+        name_of, scope_of, ref, micro, local = lw.name, lw.scope, lw.ref, lw.phys.micro_batches > 1, self.local
+        own, stage_of, bucket_of, node_alike = lw.own.get(r, ()), lw.stage_of[r], lw.bucket_of, self._node_alike
+        new_compute = Compute.__new__
         for i, mn in enumerate(nodes):
-            s = rep.starts[i]
-            starts.append(len(actors))
-            plain = mn.kind == "compute" and not mn.accumulate
-            if plain or (mn.kind == "source" and mn.op == "input"):
-                ra = theirs[s]
+            rn = rnodes[i]
+            kind = mn.kind
+            if kind == "compute" and not mn.accumulate:  # most nodes: a plain kernel
+                # The logical op names the op, its phase, stage and output dtypes; its inputs (at the same
+                # positions, made alike before it) set when it runs and the shapes it reads.
+                ri, mi = rn.inputs, mn.inputs
+                if rn.logical != mn.logical or rn.kind != kind or rn.out_shapes != mn.out_shapes \
+                        or len(ri) != len(mi) or not _same_attrs(rn.attrs, mn.attrs):
+                    return i
+                for x, y in zip(ri, mi):
+                    if x.out != y.out or local[x.node] != local[y.node]:
+                        return i
+                a = new_compute(Compute)
                 name = name_of[mn.id] = f"n{mn.id}"
+                a.__dict__ = {**theirs[rstarts[i]].__dict__, "name": name, "attrs": dict(mn.attrs),
+                              "inputs": tuple(map(ref, mi))}
                 scope_of[mn.id] = "micro" if mn.when == "each" and micro else "step"
-                a = type(ra).__new__(type(ra))
-                a.__dict__.update(ra.__dict__)
-                a.name = name
-                if plain:  # what ``_Lowering.node`` makes: its attrs and registers, under this rank's names
-                    a.attrs, a.inputs = dict(mn.attrs), tuple(map(ref, mn.inputs))  # type: ignore[attr-defined]
                 actors.append(a)
                 if mn.stage in own:
                     stage_of[name] = mn.stage
                 continue
+            if not node_alike(rn, mn):
+                return i
+            s = rstarts[i]
+            step = mn.attrs.get("plan_step") if kind == "boxing" else None
+            lowering = step.kind_obj.lowering if step is not None and mn.collective not in bucket_of else None
+            if kind == "source" or lowering in ("collective", "kernel"):
+                ra = theirs[s]
+                a = type(ra).__new__(type(ra))
+                a.__dict__.update(ra.__dict__)
+                name = a.name = name_of[mn.id] = f"n{mn.id}"
+                scope_of[mn.id] = "micro" if mn.when == "each" and micro else "step"
+                if kind == "source" and mn.op != "input":  # a state: this rank's shard
+                    a.init = lw.initial_shard(mn.logical, r, mn.attrs["block"])  # type: ignore[attr-defined]
+                    lw.states[(r, name)] = a  # type: ignore[assignment]
+                elif lowering == "kernel":  # a local step (slice, zero fill): this rank's piece
+                    fn, attrs = lw.local_kernel(mn)
+                    if kernel_ref(fn) != ra.op or not _same_attrs(ra.attrs, attrs, ra.op):  # type: ignore[attr-defined]
+                        return i
+                    a.attrs, a.inputs = dict(attrs), (ref(mn.inputs[0]),)  # type: ignore[attr-defined]
+                elif lowering == "collective":  # ``_Lowering.collective`` for this rank's group
+                    kw = lw.collective_fields(mn)
+                    if any(k != "src" and _norm(v) != ra.__dict__[k] for k, v in kw.items()):
+                        return i
+                    name = a.name = name_of[mn.id] = f"c{mn.collective}"
+                    a.inputs = (ref(mn.inputs[0]),)
+                    a.group, a.order = tuple(mn.attrs["group"]), mn.collective  # type: ignore[attr-defined]
+                    a.bytes_sent = int(step.bytes_sent.get(r, 0))  # type: ignore[attr-defined]
+                    if "src" in kw:
+                        a.src = kw["src"]  # type: ignore[attr-defined]
+                actors.append(a)
+                if mn.stage in own:
+                    stage_of[name] = mn.stage
+                continue
+            before = len(actors)
             lw.node(mn)
-            if not _actors_match(theirs[s:rep.starts[i + 1]], actors[starts[-1]:]):
-                return False  # node i is lowered (``starts`` has its start): the rest go alone from i + 1
-        return True
+            if not _actors_match(theirs[s:rstarts[i + 1]], actors[before:]):
+                return i
+        return -1
 
     # --- after the nodes ----------------------------------------------------------------------------
     def groups(self) -> dict[int, tuple[int, ...]]:
@@ -230,6 +283,11 @@ class GroupedLowering:
                 if m not in kept:
                     self.rep_of.pop(m, None)
             rep.members = kept
+
+
+def _norm(v: object) -> object:
+    """A collective field as ``Collective.__post_init__`` keeps it (sizes as a tuple of ints)."""
+    return tuple(int(x) for x in v) if isinstance(v, list) else v  # type: ignore[union-attr]
 
 
 def _actors_match(reps: list[Actor], mine: list[Actor]) -> bool:

@@ -76,7 +76,7 @@ class _Lowering:
         self.bucket_of = {c: b for b in self.buckets for c in b.collectives}  # collective index -> its bucket
         self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
-        self.refs: dict[tuple[int, int], Ref] = {}  # (node, output) -> its register
+        self.refs: dict[int, Ref] = {}  # id of a PhysRef (node, output) -> its register
         self.coll_attrs: dict[tuple, dict] = {}  # (plan step, group, input shape) -> the Collective's fields
 
     def initial_shard(self, name: str, rank: int, block: Block) -> torch.Tensor | Zeros:
@@ -130,7 +130,7 @@ class _Lowering:
     def ref(self, r: Any) -> Ref:
         """The register holding physical output ``r`` (asked once its node is lowered, as nodes come in
         order); one Ref per output, shared by its readers (a Ref is immutable)."""
-        key = (r.node, r.out)
+        key = id(r)  # the physical graph's outputs are PhysRef objects its readers share, alive as long as it
         got = self.refs.get(key)
         if got is None:
             got = self.refs[key] = self.alias.get(r.node) or Ref(self.name[r.node], r.out)
@@ -197,17 +197,23 @@ class _Lowering:
         """One member of a group collective: the kind says the actor's fields and the bytes it sends."""
         step = n.attrs["plan_step"]
         group = tuple(n.attrs["group"])
-        key = (id(step), group, n.in_shapes[0])  # the members of a group ask alike (a step lives as long as phys)
-        kw = self.coll_attrs.get(key)
-        if kw is None:
-            shape = self.graph.tensors[n.logical].shape
-            kw = self.coll_attrs[key] = step.kind_obj.collective_attrs(step, group, n.in_shapes[0], shape)
+        kw = self.collective_fields(n)
         if n.collective is None:
             raise PlanError(f"node n{n.id} ({n.op}) has no entry in the collective order")
         self.name[n.id] = f"c{n.collective}"
         self.add(n, Collective(f"c{n.collective}", kind_=step.kind, group=group, inputs=(self.ref(n.inputs[0]),),
                                order=n.collective, mesh_axis=step.mesh_axis,
                                bytes_sent=int(step.bytes_sent.get(n.rank, 0)), **kw, **common))
+
+    def collective_fields(self, n: PhysNode) -> dict:
+        """The kind's fields of collective node ``n``'s actor (sizes, dims, root), made once per group."""
+        step = n.attrs["plan_step"]
+        key = (id(step), tuple(n.attrs["group"]), n.in_shapes[0])  # the members of a group ask alike (a step lives as long as phys)
+        kw = self.coll_attrs.get(key)
+        if kw is None:
+            shape = self.graph.tensors[n.logical].shape
+            kw = self.coll_attrs[key] = step.kind_obj.collective_attrs(step, key[1], n.in_shapes[0], shape)
+        return kw
 
     def bucket_member(self, n: PhysNode, common: dict) -> None:
         """A gradient reduction that runs in a bucket: its output is a view the bucket's unpack hands
@@ -223,9 +229,13 @@ class _Lowering:
 
     def local_step(self, n: PhysNode, common: dict) -> None:
         """A local step (slice, zero fill): the kind's own kernel, the one its in-process run calls."""
-        step = n.attrs["plan_step"]
-        fn, attrs = step.kind_obj.kernel(step, n.rank, n.in_shapes[0], self.graph.tensors[n.logical].shape)
+        fn, attrs = self.local_kernel(n)
         self.add(n, Compute(f"n{n.id}", op=kernel_ref(fn), attrs=attrs, inputs=(self.ref(n.inputs[0]),), **common))
+
+    def local_kernel(self, n: PhysNode) -> tuple[Any, dict]:
+        """The kernel and attributes of local step ``n`` on its rank."""
+        step = n.attrs["plan_step"]
+        return step.kind_obj.kernel(step, n.rank, n.in_shapes[0], self.graph.tensors[n.logical].shape)
 
     def _transfer_key(self, n: PhysNode, src: int, dst: int, block) -> tuple:
         return (n.boxing, n.step, src, dst, tuple(block))
