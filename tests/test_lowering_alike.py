@@ -2,9 +2,9 @@
 every rank on its own makes: the same actors field by field, registers, schedules and communication order on
 every rank, and the simulator predicts the same from it to the last bit.
 
-The plans cover data x tensor parallelism with gradient accumulation and buckets, ZeRO-3, a pipeline (whose
-ranks send and receive: lowered alone), a pipeline of data-parallel stages, and a GPT whose dropouts draw on
-every rank (their streams differ by rank, and are all that differs).
+The plans cover data x tensor parallelism with gradient accumulation and buckets, ZeRO-3, a pipeline of
+data-parallel stages (whose ranks send and receive: the peers and tags differ), and a GPT whose dropouts draw
+on every rank (their draws differ by rank).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ CASES = [
     ("gpt dp x tp 2x4, 2 micro, dropout", lambda: _gpt(presets.dp_tp((2, 4), micro_batches=2), dropout=True), 4),
     ("gpt zero-3 x4", lambda: _gpt(presets.zero(4)), 1),
     ("mlp dp x4, small buckets", lambda: _mlp(dataclasses.replace(presets.data_parallel(4), bucket_mb=0.001)), 1),
-    ("mlp pipeline 2 stages x dp 2", lambda: _mlp(presets.pipeline(2, 2, ranks_per_stage=2, inner="dp")), None),
+    ("gpt pipeline 2 stages x dp_tp 2x2", lambda: _gpt(presets.pipeline(2, 2, (2, 2), inner="dp_tp")), None),
+    ("mlp pipeline 2 stages x dp 2", lambda: _mlp(presets.pipeline(2, 2, ranks_per_stage=2, inner="dp")), 2),
 ]
 
 
@@ -93,7 +94,7 @@ def test_grouped_lowering_makes_the_same_plan(name, make, groups):
         # vocabulary-parallel embedding's rows differ), one for all data-parallel ones
         assert len(grouped.alike) == groups
         assert sorted(m for ms in grouped.alike.values() for m in ms) == sorted(grouped.ranks)
-        assert uniform_rank(grouped) == uniform_rank(alone) == 0
+        assert uniform_rank(grouped) == uniform_rank(alone) == (None if "pipeline" in name else 0)
     _, batch, comm = plan_of(step)
     hw = sl.Machine.a100_node()
     p1 = simulate_plan(grouped, hw, steps=2, batch=batch, comm=comm)

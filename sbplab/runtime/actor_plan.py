@@ -143,7 +143,7 @@ class ActorPlan:
         position by position (``compiler/lowering/alike.py``): the same types, ops, attributes (but a
         random op's stream and draw, and a plain kernel's ``where_attrs``: where its piece lies), wiring
         by position, registers, scopes, phases and shapes; names, a collective's group, order, root and
-        bytes sent, and a state's values may differ. Checks and
+        bytes sent, a send's or receive's peer and tag, and a state's values may differ. Checks and
         passes that read only those look at one rank per group; None: no such knowledge.
     """
 

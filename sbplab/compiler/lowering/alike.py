@@ -13,8 +13,9 @@ actors the ordinary lowering made for what is not a plain kernel (collectives, b
 steps, states, accumulations) match field by field, but their names, a collective's group, order, root
 and bytes sent (a ring sends a scalar's bytes unevenly), a state's values and where a local step's piece lies (a kernel's ``where_attrs``, as the simulator
 reads them: ``sim/alike.py``). A plain compute node (most of them) is then the representative's actor with the
-member's name, attributes and inputs: exactly what ``_Lowering.node`` makes for it. Ranks that send or
-receive are lowered on their own, in the global order, as the tags of their transfers follow it.
+member's name, attributes and inputs: exactly what ``_Lowering.node`` makes for it. Sends and receives
+may differ in their peer and tag (the tags are numbered first, in the global order, as node-by-node
+lowering numbers them).
 Anything that differs keeps a rank apart (it is lowered on its own and may represent later ranks), so
 grouping changes the work, never the plan.
 """
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 from ...boxing.kinds import kernel_ref
 from ...ops.registry import RNG_ATTRS
 from ...runtime.buffers import BufferSlot
-from ...runtime.specs import Actor, Collective, Compute, State
+from ...runtime.specs import Actor, Collective, Compute, Recv, Send, State
 from .bucket_views import gradients_into_buckets
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class _Rep:
 
 
 class GroupedLowering:
-    """Drives ``_Lowering`` rank by rank (ranks that send or receive: node by node in the global order)."""
+    """Drives ``_Lowering`` rank by rank."""
 
     def __init__(self, lw: _Lowering) -> None:
         self.lw = lw
@@ -84,19 +85,21 @@ class GroupedLowering:
             row = self.nodes_of[n.rank]
             self.local[n.id] = len(row)
             row.append(n)
-        self.p2p = {n.rank for n in phys.nodes if n.op in ("send", "recv") and n.kind == "boxing"}
         self.reps: list[_Rep] = []
         self.rep_of: dict[int, _Rep] = {}
 
     # --- lowering -----------------------------------------------------------------------------------
     def run(self) -> None:
         lw = self.lw
-        for n in lw.phys.nodes:  # the tags of transfers are numbered in the global order
-            if n.rank in self.p2p:
-                lw.node(n)
+        for n in lw.phys.nodes:  # transfers' tags, numbered in the global order as node-by-node lowering does
+            if n.kind == "boxing" and n.op == "send":
+                for dst, block in n.attrs["transfers"]:
+                    lw.tag(lw._transfer_key(n, n.rank, dst, block))
+            elif n.kind == "boxing" and n.op == "recv":
+                for src, block in n.attrs["transfers"]:
+                    if src != n.rank:
+                        lw.tag(lw._transfer_key(n, src, n.rank, block))
         for r, nodes in self.nodes_of.items():
-            if r in self.p2p:
-                continue
             rep = self._copy_from_some(r, nodes)
             if rep is not None:
                 self.rep_of[r] = rep
@@ -305,6 +308,9 @@ def _actors_match(reps: list[Actor], mine: list[Actor]) -> bool:
                 return False
         elif isinstance(a, Collective):
             if len(a.group) != len(b.group) or any(getattr(a, f) != getattr(b, f) for f in _COLL_FIELDS):  # type: ignore[attr-defined]
+                return False
+        elif isinstance(a, (Send, Recv)):  # the peer, tag and order may differ
+            if isinstance(a, Recv) and (a.shape != b.shape or a.dtype != b.dtype):  # type: ignore[attr-defined]
                 return False
         elif isinstance(a, State):
             if a.key != b.key or tuple(a.init.shape) != tuple(b.init.shape) or a.init.dtype != b.init.dtype:  # type: ignore[attr-defined]
