@@ -36,12 +36,14 @@ def _infer(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> tuple[Ten
     return tuple(EMPTY if o is None else TensorMeta(tuple(o.shape), o.dtype) for o in outs)
 
 
+@lru_cache(maxsize=4096)
 def counts_flops(name: str) -> bool:
     """Whether ``torch.utils.flop_counter`` can count anything for op ``name``: it has a FLOP formula
     (matmuls, convolutions, attention), or a composite decomposition whose parts might. Any other op
     counts zero there (pointwise ops, views, reductions, losses), so it is not run under the counter:
     entering ``FlopCounterMode`` and running the op on meta tensors cost about a millisecond per
-    distinct call, most of a GPT's deduction when every op paid it (a 24-layer GPT-2 asks ~1100)."""
+    distinct call, most of a GPT's deduction when every op paid it (a 24-layer GPT-2 asks ~1100). Kept per
+    name: the answer depends on torch's tables alone."""
     from torch.utils.flop_counter import flop_registry
 
     try:
