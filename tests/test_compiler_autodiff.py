@@ -167,3 +167,19 @@ def test_backward_recomputes_what_the_op_does_not_output():
     before = recipe.cache_info().hits
     recipe("relu", (x,), (), (True,), (True,))
     assert recipe.cache_info().hits == before + 1
+
+
+def test_an_op_torch_cannot_differentiate_is_named():
+    """A kernel torch cannot trace on fake tensors (it reads a value: data-dependent) is a GraphError
+    naming the op and its shapes."""
+    from sbplab.ops.registry import REGISTRY, OpDef, register
+
+    register(OpDef("scaled_by_own_sum", lambda ins, a: [ins[0]], lambda ins, a: [],
+                   lambda xs, a: (xs[0] * xs[0].detach().sum().item(),)))
+    try:
+        b = GraphBuilder()
+        g = b.build(b.sum(b.op("scaled_by_own_sum", b.param("w", (3,))), dims=None))
+        with pytest.raises(GraphError, match=r"could not differentiate op 'scaled_by_own_sum' on inputs \[\(3,\)\]"):
+            add_backward(g)
+    finally:
+        REGISTRY.pop("scaled_by_own_sum")

@@ -102,11 +102,11 @@ def recipe(type: str, in_metas: tuple[TensorMeta, ...], frozen: tuple, needs: tu
         gm = make_fx(step, decomposition_table=decompositions(), tracing_mode="fake")(*flat)
     except Exception as e:  # noqa: BLE001  (torch's tracing error, named with the op)
         raise GraphError(f"torch's autograd could not differentiate op {type!r} on inputs "
-                         f"{[tuple(m.shape) for m in in_metas]} with {attrs}: {type_name(e)}: {e}") from e
+                         f"{[tuple(m.shape) for m in in_metas]} with {attrs}: {_type_name(e)}: {e}") from e
     return _to_recipe(gm, n_in, len(out_metas), needs, unused)
 
 
-def type_name(e: BaseException) -> str:
+def _type_name(e: BaseException) -> str:
     return type(e).__name__
 
 
