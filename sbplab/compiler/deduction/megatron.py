@@ -21,10 +21,12 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ...ops.registry import NdSignature, nd_signatures
+from ...freeze import freeze_attrs
+from ...ops.registry import FORGETTERS, NdSignature, nd_signatures
 from ...placement import Placement
 from ...sbp import B, Partial, Split
 from ..ir import Graph, OpNode
+from .caches import Memo
 
 
 @dataclass
@@ -217,8 +219,23 @@ def one_d(sig: NdSignature) -> str:
     return f"{', '.join(repr(x[0]) for x in sig.inputs)} -> {', '.join(repr(x[0]) for x in sig.outputs)}"
 
 
-def _sigs(graph: Graph, op: OpNode, mesh: Placement) -> list[NdSignature]:
-    return nd_signatures(op.type, [graph.tensors[t].meta for t in op.inputs], op.attrs, mesh)
+# Each layer of a deep stack asks the same questions of the same ops (two passes for grouped-query
+# attention): answers by the op's type, input shapes, attributes and mesh, bounded like deduction's caches.
+_SIGS = Memo("tensor-parallel signatures", 4096)
+_KEEPS = Memo("split-keeping signatures", 8192)
+FORGETTERS.extend([_SIGS.clear, _KEEPS.clear])  # a rule registered from user code changes them
+
+
+def _question(graph: Graph, op: OpNode, mesh: Placement) -> tuple:
+    return (op.type, tuple([graph.tensors[t].meta for t in op.inputs]), freeze_attrs(op.attrs), mesh.shape)
+
+
+def _sigs(graph: Graph, op: OpNode, mesh: Placement, question: tuple | None = None) -> tuple[NdSignature, ...]:
+    key = question or _question(graph, op, mesh)
+    got = _SIGS.get(key)
+    if got is None:
+        got = _SIGS.put(key, tuple(nd_signatures(op.type, list(key[1]), op.attrs, mesh)))
+    return got
 
 
 def _keeping_signature(graph: Graph, op: OpNode, split: dict[str, int], mesh: Placement,
@@ -227,7 +244,17 @@ def _keeping_signature(graph: Graph, op: OpNode, split: dict[str, int], mesh: Pl
     in ``sliceable`` (whole on every rank: a replicated KV head's tensor) may also be read split, since
     taking a slice of a whole tensor costs nothing."""
     want = tuple((split[t],) if t in split else (B,) for t in op.inputs)
-    for sig in _sigs(graph, op, mesh):
+    question = _question(graph, op, mesh)
+    key = (question, want, tuple([t in sliceable for t in op.inputs]))
+    got = _KEEPS.get(key)
+    if got is None:
+        got = _KEEPS.put(key, (_keeping(op, _sigs(graph, op, mesh, question), want, sliceable),))
+    return got[0]
+
+
+def _keeping(op: OpNode, sigs: tuple[NdSignature, ...], want: tuple, sliceable: frozenset[str] | set[str]
+             ) -> NdSignature | None:
+    for sig in sigs:
         if not all(isinstance(o[0], Split) for o in sig.outputs):
             continue
         if sig.inputs == want or all(got == w or (t in sliceable and isinstance(got[0], Split))
