@@ -16,11 +16,13 @@ batch 8 x 1024 tokens) on 8 H100 (goal: under 10 s and 2 GB of host memory), and
 wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The machine's load average
 is printed beside them: on a shared machine the seconds grow with it, so each row also gives the
 search's own CPU seconds (it starts no other process), how many candidates the re-rank simulated, and
-how many it skipped by their floor (``search/sim_floor.py``). Last measured on a 2-core machine, back to
-back with the same tree but the search before those floors (in brackets): GPT-2 small 14.9 s of CPU
-[17.3, 18.0], 23-25 s of wall clock at a load of 3-5 [27-28 s], 0.73 GB [0.79], 6 finalists simulated and
-3 skipped [9 simulated]; the 16-layer GPT on 64, 67 s of CPU [75 s], 2.07 GB [3.35], 10 simulated and 4
-skipped [14 simulated].
+how many it skipped by their floor (``search/sim_floor.py``). Last measured on a 2-core machine shared
+at a load average of 4-7, two rounds back to back with the same tree but the search before its array
+coordinate descent, shared follower tables, roofline pipeline floors, by-name hints and derived
+micro-batch graphs (in brackets): GPT-2 small 14.2 and 16.7 s of CPU [19.8, 20.7], 26 and 18 s of wall
+clock [47, 55], 0.71 GB [0.73], 6 finalists simulated and 3 skipped; the 16-layer GPT on 64, 70.7 and
+81.7 s of CPU [76.1, 82.5], 139 s of wall clock [160, 137], 1.93 GB [1.95], 10 simulated and 4 skipped.
+The same winners. Idle, the search before took 15.5 s (GPT-2) and 57.7 s (64 devices).
 """
 
 from __future__ import annotations
