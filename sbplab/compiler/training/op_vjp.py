@@ -183,6 +183,9 @@ def _to_recipe(gm: fx.GraphModule, n_in: int, n_out: int, needs: tuple[bool, ...
         if name in ALIASES:
             env[n] = env[n.args[0]]
             continue
+        if n.target._schema.is_mutable:  # a graph is functional: a worker would write into another op's tensor
+            raise GraphError(f"the backward torch traced calls {name}, which writes into its input; ops of a "
+                             f"graph are functional, so this op's kernel needs an out-of-place form")
         reads: list[Ref] = []
         attrs = {"args": _template(tuple(n.args), env, reads),
                  "kwargs": tuple((k, _template(v, env, reads)) for k, v in n.kwargs.items())}
