@@ -26,7 +26,7 @@ Where the time goes. Compiling no longer grows with the dropouts: a random op's 
 keys of the signature and FLOP caches, so every dropout of one shape is checked once (the 3.6B row's
 compile took 52 s re-inferring dropout on meta tensors 77,000 times). The physical graph infers an op's
 global outputs once for all its ranks. Lowering makes the actors of one rank per group of alike ranks and
-copies them to the others, each checked against what lowering makes for it (``compiler/lowering/alike.py``,
+copies them to the others, each checked against what lowering makes for it (``compiler/lowering/grouped.py``,
 ``ActorPlan.alike``: 7.5B, 4 groups of 32), so the plan's checks, the uniform-rank communication order, the
 simulator's alike keys (``sim/alike.py``) and its symmetry classes read one rank per group, and the engine
 runs one rank per symmetry class (``sim/symmetry.py``). Measured back to back at load 3.7-6.6 (compile /

@@ -1,4 +1,4 @@
-"""Lowering one rank per group of alike ranks (``compiler/lowering/alike.py``) makes the plan that lowering
+"""Lowering one rank per group of alike ranks (``compiler/lowering/grouped.py``) makes the plan that lowering
 every rank on its own makes: the same actors field by field, registers, schedules and communication order on
 every rank, and the simulator predicts the same from it to the last bit.
 

@@ -140,7 +140,7 @@ class ActorPlan:
     name: shown in traces and errors.
     imports: modules every worker imports before building actors (ones that register ops).
     alike: representative rank -> the ranks (itself first) whose actors lowering made from its own,
-        position by position (``compiler/lowering/alike.py``): the same types, ops, attributes (but a
+        position by position (``compiler/lowering/grouped.py``): the same types, ops, attributes (but a
         random op's stream and draw, and a plain kernel's ``where_attrs``: where its piece lies), wiring
         by position, registers, scopes, phases and shapes; names, a collective's group, order, root and
         bytes sent, a send's or receive's peer and tag, and a state's values may differ. Checks and

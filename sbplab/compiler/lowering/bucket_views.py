@@ -40,7 +40,7 @@ def _writes_into(prod: Actor, ref: Ref, pack: Compute) -> bool:
 def gradients_into_buckets(actors: list[Actor]) -> list[tuple[Actor, Compute, int]]:
     """Give every qualifying producer of a flat bucket on this rank (``actors``) its view of the bucket's
     buffer, and tell each pack which of its inputs are already in place. Returns (producer, pack, input
-    of the pack) of each, so a rank lowered alike (``lowering/alike.py``) is given the same."""
+    of the pack) of each, so a rank lowered alike (``lowering/grouped.py``) is given the same."""
     packs = [a for a in actors if isinstance(a, Compute) and a.op == PACK and a.into is not None]
     done: list[tuple[Actor, Compute, int]] = []
     if not packs:

@@ -46,10 +46,10 @@ from ...runtime.specs import (
 )
 from ..deduction.strategy import DEFAULT_BUCKET_MB
 from ..pipeline.schedules import pipeline_actions
-from .alike import GroupedLowering
 from .bucket_actors import bucket_actors
 from .bucket_views import gradients_into_buckets
 from .buckets import plan_buckets
+from .grouped import GroupedLowering
 
 if TYPE_CHECKING:
     from ..ir import Graph
@@ -343,7 +343,7 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
         size (torch DDP's default); 0 runs one collective per gradient (``lowering.buckets``).
     schedule: a pipeline's schedule (``compiler.pipeline.SCHEDULES``; None: "1f1b"), which orders
         each rank's micro-batch compute and sizes its registers.
-    by_group: lower one rank per group of alike ranks and copy its actors to the others (``alike.py``),
+    by_group: lower one rank per group of alike ranks and copy its actors to the others (``grouped.py``),
         recorded in ``ActorPlan.alike``; False lowers every rank on its own (the same plan, slower).
     """
     if order not in ("derive", "compiler"):

@@ -24,33 +24,30 @@ class _Lowerer:
         self.d, self.g = d, d.graph
         self.nodes: list[PhysNode] = []
         self.colls: list[PhysCollective] = []
-        self.stored: dict[tuple[str, int], PhysRef] = {}
-        self.boxed: dict[tuple[int, int], PhysRef] = {}
+        self.stored: dict[str, dict[int, PhysRef]] = {}  # tensor -> rank -> where it is stored
+        self.boxed: dict[int, dict[int, PhysRef]] = {}  # boxing -> rank -> its result (made for all ranks at once)
         self._local: dict[tuple, dict[int, tuple]] = {}  # op's question -> rank -> its view; identical layers share
-        self._shapes: dict[tuple, tuple[int, ...]] = {}
-        self._blocks: dict[tuple, tuple] = {}  # (shape, placement, sbp, rank) -> local block
-        self._groups: dict[tuple, tuple[int, ...]] = {}  # (placement, rank, axis) -> its group
+        # per (shape, placement, sbp) or (placement, axis): rank -> its answer; a placement hashes in Python,
+        # so it is hashed once per question, not once per rank
+        self._shapes: dict[tuple, dict[int, tuple[int, ...]]] = {}
+        self._blocks: dict[tuple, dict[int, tuple]] = {}
+        self._groups: dict[tuple, dict[int, tuple[int, ...]]] = {}
+
+    def blocks(self, shape, pl, sbp) -> dict[int, tuple]:
+        """Rank -> its local block of a ``shape`` tensor laid out ``(pl, sbp)`` (filled on first ask)."""
+        return self._blocks.setdefault((shape, pl, sbp), {})
 
     def block(self, shape, pl, sbp, r) -> tuple:
-        key = (shape, pl, sbp, r)
-        v = self._blocks.get(key)
+        got = self.blocks(shape, pl, sbp)
+        v = got.get(r)
         if v is None:
-            v = self._blocks[key] = local_block(shape, pl, sbp, r)
+            v = got[r] = local_block(shape, pl, sbp, r)
         return v
 
-    def group(self, pl, r, axis) -> tuple[int, ...]:
-        key = (pl, r, axis)
-        v = self._groups.get(key)
-        if v is None:
-            v = self._groups[key] = pl.group_of(r, axis)
-        return v
+    def lshapes(self, shape, pl, sbp) -> dict[int, tuple[int, ...]]:
+        """Rank -> its local shape of a ``shape`` tensor laid out ``(pl, sbp)`` (filled by the caller)."""
+        return self._shapes.setdefault((shape, pl, sbp), {})
 
-    def lshape(self, shape, pl, sbp, r) -> tuple[int, ...]:
-        key = (shape, pl, sbp, r)
-        v = self._shapes.get(key)
-        if v is None:
-            v = self._shapes[key] = local_shape(shape, pl, sbp, r)
-        return v
 
     def local_views(self, op, metas, sig) -> dict[int | None, tuple]:
         """Rank -> (local attrs, input shapes, output shapes, output dtypes) of ``op``, filled by
@@ -75,13 +72,13 @@ class _Lowerer:
 
     def _when(self, inputs, phase: str) -> str:
         nodes = self.nodes
-        whens = set()
+        each = False
         for ref in inputs:
             n = nodes[ref.node]
-            whens.add("after" if n.accumulate else n.when)
-        if "after" in whens:
-            return "after"
-        if "each" in whens:
+            if n.accumulate or n.when == "after":
+                return "after"
+            each = each or n.when == "each"
+        if each:
             if phase == "update":
                 if self.g.micro_batches > 1:
                     raise GraphError("an update reads a per-micro-batch value that was not accumulated")
@@ -106,6 +103,7 @@ class _Lowerer:
             pl, sbp = self.d.placement[name], self.d.sbp[name]
             stage = self._stage_of_source(name)
             out[name] = {}
+            stored = self.stored.setdefault(name, {})
             for r in pl.rank_list:
                 block = self.block(t.shape, pl, sbp, r)
                 n = self.add(rank=r, kind="source", op=t.role, logical=name,
@@ -114,7 +112,7 @@ class _Lowerer:
                              out_sbps=(sbp,), phase="forward", stage=stage,
                              when="each" if t.role == "input" else "before")
                 out[name][r] = n.id
-                self.stored[(name, r)] = PhysRef(n.id)
+                stored[r] = PhysRef(n.id)
         return out
 
     def _stage_of_source(self, name: str) -> int:
@@ -123,13 +121,15 @@ class _Lowerer:
 
     # --- boxing --------------------------------------------------------------------------------
     def box(self, b: Boxing) -> None:
-        if (b.id, b.dst_placement.rank_list[0]) in self.boxed:
+        if b.id in self.boxed:
             return
         if b.source is not None:
             self.box(self.d.boxings[b.source])
-            cur = {r: self.boxed[(b.source, r)] for r in b.src_placement.rank_list}
+            done = self.boxed[b.source]
+            cur = {r: done[r] for r in b.src_placement.rank_list}
         else:
-            cur = {r: self.stored[(b.tensor, r)] for r in b.src_placement.rank_list}
+            stored = self.stored[b.tensor]
+            cur = {r: stored[r] for r in b.src_placement.rank_list}
         shape = self.g.tensors[b.tensor].shape
         dtype = self.g.tensors[b.tensor].meta.dtype
         for k, step in enumerate(b.plan.steps):
@@ -137,19 +137,27 @@ class _Lowerer:
                 cur = self._move(b, k, step, cur, shape, dtype)
             else:
                 cur = self._axis(b, k, step, cur, shape, dtype)
-        for r in b.dst_placement.rank_list:
-            self.boxed[(b.id, r)] = cur[r]
+        self.boxed[b.id] = {r: cur[r] for r in b.dst_placement.rank_list}
 
     def _axis(self, b: Boxing, k: int, step: BoxingStep, cur, shape, dtype) -> dict[int, PhysRef]:
         pl, axis = step.placement, step.mesh_axis
         made: dict[int, PhysNode] = {}
+        groups = self._groups.setdefault((pl, axis), {})
+        src_shapes, dst_shapes = self.lshapes(shape, pl, step.src_sbp), self.lshapes(shape, pl, step.dst_sbp)
         for r in pl.rank_list:
+            group = groups.get(r)
+            if group is None:
+                group = groups[r] = pl.group_of(r, axis)
+            src, dst = src_shapes.get(r), dst_shapes.get(r)
+            if src is None:
+                src = src_shapes[r] = local_shape(shape, pl, step.src_sbp, r)
+            if dst is None:
+                dst = dst_shapes[r] = local_shape(shape, pl, step.dst_sbp, r)
             made[r] = self.add(
                 rank=r, kind="boxing", op=step.kind, logical=b.tensor,
-                attrs={"mesh_axis": axis, "group": self.group(pl, r, axis), "src_sbp": step.src_sbp,
+                attrs={"mesh_axis": axis, "group": group, "src_sbp": step.src_sbp,
                        "dst_sbp": step.dst_sbp, "reduce_op": step.reduce_op, "plan_step": step},
-                inputs=(cur[r],), in_shapes=(self.lshape(shape, pl, step.src_sbp, r),),
-                out_shapes=(self.lshape(shape, pl, step.dst_sbp, r),), out_dtypes=(dtype,), out_sbps=(step.dst_sbp,),
+                inputs=(cur[r],), in_shapes=(src,), out_shapes=(dst,), out_dtypes=(dtype,), out_sbps=(step.dst_sbp,),
                 phase=b.phase, stage=b.stage, boxing=b.id, step=k)
         if step.kind_obj.is_collective:
             for grp in step.groups:
@@ -206,25 +214,29 @@ class _Lowerer:
             metas = [g.tensors[i].meta for i in op.inputs]
             sig = choice.signature
             views = self.local_views(op, metas, sig)
-            reads = list(zip(op.inputs, choice.reads))
+            # per input, rank -> where it is read from (its boxing's result, else where it is stored)
+            srcs = [self.boxed[bid] if bid is not None else self.stored[t] for t, bid in zip(op.inputs, choice.reads)]
+            outs = [self.stored.setdefault(o, {}) for o in op.outputs]
             out_sbps, acc = tuple(sig.outputs), op.type == "acc"
+            nodes, when, phase = self.nodes, self._when, op.phase
             for r in op.placement.rank_list:
                 v = views.get(r)
                 if v is None:
                     v = views[r] = self.local_view(op, opdef, metas, sig, r, views)
                 attrs, in_shapes, out_shapes, dtypes = v
-                inputs = tuple(self.boxed[(bid, r)] if bid is not None else self.stored[(t, r)] for t, bid in reads)
-                n = PhysNode(len(self.nodes), r, "compute", op.type, op.name, dict(attrs), inputs, in_shapes,
-                             out_shapes, dtypes, out_sbps, op.phase, op.stage, self._when(inputs, op.phase), acc)
-                self.nodes.append(n)
-                for j, o in enumerate(op.outputs):
-                    self.stored[(o, r)] = PhysRef(n.id, j)
+                inputs = tuple([src[r] for src in srcs])
+                n = PhysNode(len(nodes), r, "compute", op.type, op.name, dict(attrs), inputs, in_shapes,
+                             out_shapes, dtypes, out_sbps, phase, op.stage, when(inputs, phase), acc)
+                nodes.append(n)
+                for j, stored in enumerate(outs):
+                    stored[r] = PhysRef(n.id, j)
             for o in op.outputs:
                 if o in d.store_boxing:
                     b = d.boxings[d.store_boxing[o]]
                     self.box(b)
+                    stored, done = self.stored[o], self.boxed[b.id]
                     for r in b.dst_placement.rank_list:
-                        self.stored[(o, r)] = self.boxed[(b.id, r)]
+                        stored[r] = done[r]
 
 
 def _shape(block) -> tuple[int, ...]:
@@ -243,19 +255,19 @@ def lower(d: Deduction) -> PhysicalGraph:
         bid = d.write_backs.get(old)
         if bid is not None:
             lw.box(d.boxings[bid])
-            updates[old] = {r: lw.boxed[(bid, r)] for r in d.placement[old].rank_list}
+            updates[old] = {r: lw.boxed[bid][r] for r in d.placement[old].rank_list}
         else:
-            updates[old] = {r: lw.stored[(new, r)] for r in d.placement[old].rank_list}
+            updates[old] = {r: lw.stored[new][r] for r in d.placement[old].rank_list}
     loss = g.loss_value or g.loss
     if loss is None:
         raise GraphError("the graph has no loss; compile a training graph")
     ranks = sorted({n.rank for n in lw.nodes})
-    outputs = {gr: {r: lw.stored[(gr, r)] for r in d.placement[gr].rank_list} for gr in g.grads.values()}
+    outputs = {gr: {r: lw.stored[gr][r] for r in d.placement[gr].rank_list} for gr in g.grads.values()}
     sbp: dict[str, NdSbp] = {s: d.sbp[s] for s in sources}
     return PhysicalGraph(
         nodes=lw.nodes, collectives=lw.colls, ranks=tuple(ranks), micro_batches=g.micro_batches, sources=sources,
         source_sbp=sbp, source_placement={s: d.placement[s] for s in sources}, state_updates=updates,
-        loss={r: lw.stored[(loss, r)] for r in d.placement[loss].rank_list}, loss_sbp=d.sbp[loss],
+        loss={r: lw.stored[loss][r] for r in d.placement[loss].rank_list}, loss_sbp=d.sbp[loss],
         loss_placement=d.placement[loss], outputs=outputs, output_sbp={o: d.sbp[o] for o in outputs},
         output_placement={o: d.placement[o] for o in outputs},
     )
