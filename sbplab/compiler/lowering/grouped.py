@@ -10,14 +10,17 @@ Two ranks are alike here when their physical nodes match position by position in
 stage, phase, micro-batch scope, shapes, dtypes, wiring (inputs by their position on the rank), local
 attributes (but a random op's stream and draw, ``RNG_ATTRS``), plan step and bucket place; and when the
 actors the ordinary lowering made for what is not a plain kernel (collectives, buckets, local boxing
-steps, states, accumulations) match field by field, but their names, a collective's group, order, root
-and bytes sent (a ring sends a scalar's bytes unevenly), a state's values and where a local step's piece lies (a kernel's ``where_attrs``, as the simulator
-reads them: ``sim/alike.py``). A plain compute node (most of them) is then the representative's actor with the
-member's name, attributes and inputs: exactly what ``_Lowering.node`` makes for it. Sends and receives
-may differ in their peer and tag (the tags are numbered first, in the global order, as node-by-node
-lowering numbers them).
-Anything that differs keeps a rank apart (it is lowered on its own and may represent later ranks), so
-grouping changes the work, never the plan.
+steps, states, accumulations, sends and receives) match field by field, but for their names, a
+collective's group, order, root and bytes sent (a ring sends a scalar's bytes unevenly), a send's or
+receive's peer and tag, a state's values and where a local step's piece lies (a kernel's
+``where_attrs``, which the simulator ignores too: ``sim/alike.py``). A plain compute node (most of them)
+is then the representative's actor with the member's name, attributes and inputs: exactly what
+``_Lowering.node`` makes for it. The transfers' tags are numbered first, in the global order, as
+node-by-node lowering numbers them. Anything that differs keeps a rank apart (it is lowered on its own
+and may represent later ranks), so grouping changes the work, never the plan.
+
+In Python a copy and its check cost about what lowering the node does; what grouping saves is the
+passes after lowering, which now read one rank per group.
 """
 
 from __future__ import annotations
