@@ -20,9 +20,11 @@ Llama; measured on a shared 2-core machine (load 3-8): 1.9-2.5 and 3.2-3.8 CPU s
 With ``--hf``, the first pass is the ATen capture (torch's autograd on fake tensors, traced straight from
 the module as ``aten_direct`` does, then the optimizer) of a transformers model built from its config on
 the meta device, as ``sl.compile`` captures it (the cross entropy on vocabulary shards where the strategy
-splits the vocabulary); a stack of identical layers is captured once and copied (``layer_repeat``),
-``--whole`` captures every layer.
-``--compare`` runs both, each in a fresh process, and prints their passes side by side.
+splits the vocabulary); a stack of identical layers is captured from its first two layers and copied
+(``layer_pair``, else three: ``layer_repeat``), and deduction ranks each op of a repeated layer once,
+its twins in later layers taking that ranking (``deduction/layers.py``). ``--whole`` captures every
+layer and ranks every op. ``--compare`` runs both, each in a fresh process, and prints their passes side
+by side.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import time
 import torch
 
 from sbplab.compiler import Adam, add_backward, deduce, from_torch, lower, presets
+from sbplab.compiler.deduction.layers import every_layer_ranked
 from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss, splits_vocabulary
 from sbplab.compiler.lowering.to_actors import lower_to_actors
 from sbplab.compiler.physical.memory import memory_report
@@ -58,7 +61,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--mesh", default="2x4", help="dp x tp")
     ap.add_argument("--hf", choices=("gpt2", "llama"), help="a transformers model, captured at ATen level")
-    ap.add_argument("--whole", action="store_true", help="capture every layer (no identical-layer repeat)")
+    ap.add_argument("--whole", action="store_true",
+                    help="capture every layer and rank every op (no identical-layer shortcuts)")
     ap.add_argument("--compare", action="store_true", help="identical layers once vs every layer, side by side")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -109,7 +113,8 @@ def main() -> None:
         add_backward(graph)
         Adam(lr=1e-4).build(graph)
         done("autodiff + optimizer")
-    d = deduce(graph, strategy)
+    with every_layer_ranked() if args.whole else contextlib.nullcontext():
+        d = deduce(graph, strategy)
     done("SBP deduction")
     phys = lower(d)
     done("lowering (physical graph)")
