@@ -10,12 +10,16 @@ sizes the model wrote into its ops (``view(x, (8, 1024, 768))``, ``expand(m, (8,
 How: every input's leading dim becomes the new batch; in every op's attributes an integer equal to the
 old batch becomes the new one, and where that leaves a size a view cannot take, the leading size is
 scaled instead (``view(x, (8192, 768))`` of 8 x 1024 tokens); then the registry infers every output
-again. Derived only where each output comes out as it was or with its leading dim scaled by exactly
-new/old, and every parameter's gradient keeps its shape; anything else (a constant of the batch's size,
-a batch that is not the leading dim, a size written as a product the rules cannot read) returns None,
-and the caller captures the model instead. Never to a batch of one sample: torch specializes dims of
-size 1, so a capture of one sample has other ops (GPT-2's attention mask skips an ``expand``). ``tests/test_search_rebatch.py`` compares derived graphs
-with direct captures, node for node.
+again. Derived only where each output comes out as it was or with one dim scaled by exactly new/old,
+and every parameter's gradient keeps its shape; anything else (a constant of the batch's size, an input
+whose leading dim is not the batch, a size written as a product the rules cannot read) returns None,
+and the caller captures the model instead. So does a graph with another dim of the batch's size (a size
+in an attribute could then mean either), and a batch of one sample: torch specializes dims of size 1,
+so a capture of one sample has other ops (GPT-2's attention mask skips an ``expand``).
+``tests/test_search_rebatch.py`` compares derived graphs with direct captures, node for node: the same
+but for a float the batch set (``mse_loss``'s 2/B in its backward), which keeps the whole batch's value.
+The search reads shapes, never values, of these graphs (prices, deduction, the simulator), and measures
+finalists on the model itself.
 """
 
 from __future__ import annotations
@@ -54,12 +58,15 @@ def _lead_scaled(attrs: dict, old: int, new: int) -> dict | None:
 
 
 def _fits(before: TensorMeta, after: TensorMeta, old: int, new: int) -> bool:
-    """``after`` is ``before``, or ``before`` with its leading dim scaled by new/old."""
+    """``after`` is ``before``, or ``before`` with one dim scaled by new/old (the batch's, leading or moved
+    by a transpose: a weight's gradient reads ``x.t()``)."""
     if before == after:
         return True
     b, a = before.shape, after.shape
-    return (before.dtype == after.dtype and len(a) == len(b) > 0 and a[1:] == b[1:]
-            and a[0] * old == b[0] * new)
+    if before.dtype != after.dtype or len(a) != len(b):
+        return False
+    moved = [k for k in range(len(b)) if a[k] != b[k]]
+    return len(moved) == 1 and a[moved[0]] * old == b[moved[0]] * new
 
 
 def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None:
@@ -69,6 +76,8 @@ def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None
         return g.copy()
     if new < 2 or old % new:  # torch specializes a dim of size 1 (a capture of one sample has other ops)
         return None
+    if any(old in t.shape[1:] for t in g.tensors.values()):  # another dim of the batch's size (heads = batch):
+        return None  # an attribute equal to it could be either, and the checks below could not tell
     c = g.copy()
     for t in c.tensors.values():
         if t.producer is not None:
