@@ -29,11 +29,13 @@ global outputs once for all its ranks. Lowering makes the actors of one rank per
 copies them to the others, each checked against what lowering makes for it (``compiler/lowering/grouped.py``,
 ``ActorPlan.alike``: 7.5B, 4 groups of 32), so the plan's checks, the uniform-rank communication order, the
 simulator's alike keys (``sim/alike.py``) and its symmetry classes read one rank per group, and the engine
-runs one rank per symmetry class (``sim/symmetry.py``). Measured back to back at load 3.7-6.6 (compile /
-lower / simulate, CPU s): 1.7B 5.0/2.9/2.1 = 10.0, 3.6B 9.1/10.0/4.1 = 23.2, 7.5B 14.9/24.0/6.8 = 45.7; the
-tree before lowering by group 5.0/3.7/4.3 = 13.0, 9.9/12.0/10.9 = 32.7, 15.7/27.1/23.2 = 66.0, with the
-same predictions to the last digit. What still grows with ranks x layers is the copy and its check, one
-actor per op instance per rank (1.8 million for 7.5B), which in Python costs about what lowering it did.
+runs one rank per symmetry class (``sim/symmetry.py``). Two runs at load 5.8-6.6 (compile / lower /
+simulate, CPU s): 1.7B 5.0-5.9/2.9/2.1-2.3 = 10.0-11.1, 3.6B 8.4-9.1/10.0-12.3/4.1-5.5 = 23.2-26.1, 7.5B
+14.9-16.0/24.0-26.4/6.8-8.1 = 45.7-50.5; the tree before lowering by group, right before the first of
+them, 5.0/3.7/4.3 = 13.0, 9.9/12.0/10.9 = 32.7, 15.7/27.1/23.2 = 66.0, with the same predictions to the
+last digit. What still grows with ranks x layers is the copy and its check, one actor per op instance per
+rank (1.8 million for 7.5B), which in Python costs about what lowering it did: the lower column gained
+only the passes after lowering.
 
 What Megatron-LM did beyond the graph is priced as ``sim/framework.py``'s ``MEGATRON_LM_2021`` says, each
 figure sourced there: full recomputation reruns the whole layer forward, the data-parallel gradient
