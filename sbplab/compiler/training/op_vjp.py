@@ -121,6 +121,18 @@ def _cancel_transposes(gm: fx.GraphModule) -> None:
     gm.graph.eliminate_dead_code()
 
 
+def _drop_noop_reshapes(gm: fx.GraphModule) -> None:
+    """An ``expand`` or ``view`` to the shape its input has already is its input (a 4-D matmul's backward
+    expands each operand to its own shape)."""
+    same = (torch.ops.aten.expand.default, torch.ops.aten.view.default)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in same and isinstance(node.args[0], fx.Node):
+            src, val = node.args[0].meta.get("val"), node.meta.get("val")
+            if isinstance(src, torch.Tensor) and isinstance(val, torch.Tensor) and src.shape == val.shape:
+                node.replace_all_uses_with(node.args[0])
+    gm.graph.eliminate_dead_code()
+
+
 def _squeeze_sums(gm: fx.GraphModule) -> None:
     """``view(sum(x, dims, keepdim=True), shape)`` dropping exactly the kept dims is ``sum(x, dims)``: a
     bias's gradient, then made by one op that can write it straight into its bucket (``ops/aten/into.py``)."""
@@ -143,6 +155,7 @@ def _squeeze_sums(gm: fx.GraphModule) -> None:
 
 def _to_recipe(gm: fx.GraphModule, n_in: int, n_out: int, needs: tuple[bool, ...], unused: list[int]) -> Recipe:
     _cancel_transposes(gm)
+    _drop_noop_reshapes(gm)
     _squeeze_sums(gm)
     nodes = list(gm.graph.nodes)
     places = [n for n in nodes if n.op == "placeholder"]
