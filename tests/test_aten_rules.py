@@ -62,3 +62,19 @@ def test_rule_is_exact_on_shards(name, metas, attrs, model):
     square = Placement("cpu", [[0, 1], [2, 3]])
     for nd in nd_signatures(op, metas, attrs, square)[1:4]:  # a few 2-D products
         _check(name, metas, attrs, square, nd, gen)
+
+
+@pytest.mark.parametrize("name", ["aten.triu.default", "aten.tril.default"])
+def test_triangle_masks_split_leading_dims_and_pass_partial(name):
+    """A causal mask's triu/tril (not in the corpus: its models mask inside SDPA) keeps rows and columns
+    whole; each of its signatures is exact on shards, partial input included."""
+    from sbplab.ops.aten.calls import Slot
+    from sbplab.ops.registry import TensorMeta
+
+    metas = (TensorMeta((2, 4, 6, 6), torch.float32),)
+    attrs = {"args": (Slot(0), 1), "kwargs": ()}
+    op = get_op(name)
+    ones = one_d_signatures(op, metas, attrs)
+    assert {str(s) for s in ones} >= {"S(0) -> S(0)", "S(1) -> S(1)", "P -> P"}, ones
+    assert not any("S(2)" in str(s) or "S(3)" in str(s) for s in ones), ones
+    test_rule_is_exact_on_shards(name, metas, attrs, "mask")

@@ -76,6 +76,13 @@ def pointwise_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta
     return sigs
 
 
+def triangle_signatures(ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    """triu and tril: which entries survive depends on their row and column, so the last two dims stay
+    whole; the leading (batch, head) dims split, and the op is linear (a partial sum passes)."""
+    shape = outs[0].shape
+    return [sig([S(d)], [S(d)]) for d in range(len(shape) - 2) if shape[d] > 1] + [sig([P], [P])]
+
+
 def dropout_note(attrs: dict) -> str:
     p = arg(attrs, 1, "p", 0.0)
     return f"p={p}"

@@ -27,7 +27,7 @@ from . import family_shape as sh
 from . import vocab_parallel as vp
 from ._common import arg, norm_dim, sized
 from .calls import overload
-from .family_pointwise import pointwise_signatures
+from .family_pointwise import pointwise_signatures, triangle_signatures
 
 SigFn = Callable[[str, list[TensorMeta], list[TensorMeta], dict], list[Signature]]
 LocalizeFn = Callable[[dict, LocalContext], dict]
@@ -184,6 +184,8 @@ declare("embedding", _ops("embedding.default"), lambda n, i, o, a: nn.embedding_
 declare("embedding", _ops("embedding_dense_backward.default"), lambda n, i, o, a: nn.embedding_backward_signatures(i, o, a),
         vp.embedding_backward_localize, note=VOCAB)
 declare("pointwise", ["sbplab.log_saving_output.default"], pointwise_signatures)
+declare("pointwise", _ops("triu.default", "tril.default"), lambda n, i, o, a: triangle_signatures(i, o),
+        note="the last two dims whole, leading dims split; linear")
 declare("indexing", ["sbplab.pick_logit.default"], vp.pick_signatures, vp.pick_localize,
         note="the target's logit; on logits split by vocabulary a partial sum (vocab_parallel.py)")
 declare("indexing", ["sbplab.pick_logit_backward.default"], vp.pick_backward_signatures, vp.pick_backward_localize,
