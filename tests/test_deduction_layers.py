@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from tiny_hf import tiny_hf
 
 import sbplab as sl
 from sbplab.compiler.deduction.caches import clear_caches
@@ -20,20 +21,6 @@ from sbplab.compiler.training.training_graph import aten_training_graph
 
 tf = pytest.importorskip("transformers")
 LAYERS = 5
-
-
-def _model(kind: str) -> torch.nn.Module:
-    if kind == "gpt2":
-        cfg = tf.GPT2Config(n_layer=LAYERS, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-        cls = tf.GPT2LMHeadModel
-    else:
-        cfg = tf.LlamaConfig(num_hidden_layers=LAYERS, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, bos_token_id=0,
-                             eos_token_id=0)
-        cls = tf.LlamaForCausalLM
-    with torch.device("meta"):
-        return cls(cfg).train()
 
 
 STRATEGIES = {
@@ -50,7 +37,7 @@ def graph(request):
         ids = torch.zeros(4, 8, dtype=torch.int64)
     with warnings.catch_warnings(), sharded_loss(True):
         warnings.simplefilter("ignore")
-        return aten_training_graph(_model(request.param), {"input_ids": ids, "labels": ids}, None, None, 1,
+        return aten_training_graph(tiny_hf(request.param, LAYERS), {"input_ids": ids, "labels": ids}, None, None, 1,
                                    sl.Adam(lr=1e-3))
 
 

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from tiny_hf import tiny_hf
 
 import sbplab as sl
 from sbplab.compiler.frontend.aten_capture import _joint, capture_aten
@@ -30,18 +31,7 @@ def _signature(g: sl.compiler.ir.Graph) -> tuple:
 
 
 def _hf(kind: str, **extra):
-    tf = pytest.importorskip("transformers")
-    if kind == "gpt2":
-        cfg = tf.GPT2Config(n_layer=LAYERS, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, **extra)
-        cls = tf.GPT2LMHeadModel
-    else:
-        cfg = tf.LlamaConfig(num_hidden_layers=LAYERS, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, bos_token_id=0,
-                             eos_token_id=0)
-        cls = tf.LlamaForCausalLM
-    with torch.device("meta"):
-        model = cls(cfg).train()
+    model = tiny_hf(kind, LAYERS, **extra)
     ids = torch.zeros(2, 8, dtype=torch.int64, device="meta")
     return model, (), {"input_ids": ids, "labels": ids}, None, ()
 

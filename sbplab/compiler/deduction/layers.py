@@ -20,23 +20,17 @@ Layers are found from module paths: ``transformer.h.7.mlp.c_fc`` is layer 7 of t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 from ..ir import Graph, OpNode
+from ..shortcut import Shortcut
 
-_ENABLED = [True]
+TWINS = Shortcut()  # off: every op ranks its own signatures, none copied from a twin
 
 
-@contextlib.contextmanager
-def every_layer_ranked() -> Iterator[None]:
+def every_layer_ranked() -> contextlib.AbstractContextManager[None]:
     """Rank every op's signatures inside this block, none copied from a twin (the reference the
     shortcut is tested against)."""
-    before = _ENABLED[0]
-    _ENABLED[0] = False
-    try:
-        yield
-    finally:
-        _ENABLED[0] = before
+    return TWINS.off()
 
 
 def _layer_of(module: str, memo: dict[str, tuple[str, int] | None]) -> tuple[str, int] | None:
@@ -70,7 +64,7 @@ def layer_twins(g: Graph, placement_of: dict) -> dict[str, str]:
     and place in the layer, alike in type, shapes, attributes and placements); ops of no repeated layer
     are absent. A twin not yet deduced when its op is (interleaved layers) is simply not used.
     ``placement_of``: every tensor's placement (the inputs' placements are part of the question)."""
-    if not _ENABLED[0]:
+    if not TWINS.on:
         return {}
     memo: dict[str, tuple[str, int] | None] = {}
     layers: dict[tuple[str, str, int], list[OpNode]] = {}  # (stack, phase, layer) -> its ops in graph order

@@ -19,12 +19,13 @@ as layer n-1 itself (with the arguments it was captured with).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
 
+from ..shortcut import Shortcut
 from .layer_repeat import (
     CopiedNode,
     RepeatedLayers,
@@ -43,22 +44,16 @@ from .layer_repeat import (
 
 KEPT = 2  # layers captured: the first and the last
 
-_ENABLED = [True]
+PAIR_ROUTE = Shortcut()
 
 
-@contextlib.contextmanager
-def three_layer_capture() -> Iterator[None]:
+def three_layer_capture() -> contextlib.AbstractContextManager[None]:
     """Inside this block a stack is captured from three layers (``layer_repeat``), not two."""
-    before = _ENABLED[0]
-    _ENABLED[0] = False
-    try:
-        yield
-    finally:
-        _ENABLED[0] = before
+    return PAIR_ROUTE.off()
 
 
 def enabled() -> bool:
-    return _ENABLED[0]
+    return PAIR_ROUTE.on
 
 
 @dataclass(frozen=True)

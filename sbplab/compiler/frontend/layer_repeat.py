@@ -30,26 +30,22 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from ..shortcut import Shortcut
+
 MIN_LAYERS = 5  # below this a whole capture costs about as much as three layers and the checks
 KEPT = 3  # layers captured: the first, one middle layer (the template), the last
 
 
-_ENABLED = [True]
+REPEAT = Shortcut()
 
 
-@contextlib.contextmanager
-def whole_capture() -> Iterator[None]:
+def whole_capture() -> contextlib.AbstractContextManager[None]:
     """Capture every layer inside this block (the reference the repeated route is measured against)."""
-    before = _ENABLED[0]
-    _ENABLED[0] = False
-    try:
-        yield
-    finally:
-        _ENABLED[0] = before
+    return REPEAT.off()
 
 
 def enabled() -> bool:
-    return _ENABLED[0]
+    return REPEAT.on
 
 
 @dataclass(frozen=True)
