@@ -5,9 +5,10 @@ backward op reads each forward tensor as its forward op read or wrote it, and th
 output in ``mirror`` of that output's layout; the gradient it gives a forward input is ``dual`` of the
 input's read. Left to itself, deduction re-decides every backward op greedily and can leave that plan
 (gather activations to skip a reduction, keep a gradient partial and reduce it later), and then the
-compiled step is not the step the search priced. So each backward op a forward op's gradient rule
-emitted is pinned to its first signature that matches those layouts; an op with no such signature (or
-one the rule's intermediate tensors leave open, like the sums that add a tensor's gradient parts) is
+compiled step is not the step the search priced. So each backward op of a forward op's gradient
+(torch's autograd, ATen ops) is pinned to its first signature that matches those layouts; an op with
+no such signature (or one the gradient's intermediate tensors leave open, like the sums that add a
+tensor's gradient parts) is
 left to deduction. Layouts pass along a chain of backward ops (an ATen capture's ``view -> mm -> view``
 of one autograd formula): an op whose every input is known is pinned, and its outputs become known; an
 op reading a tensor nobody pinned is left to deduction.

@@ -70,8 +70,8 @@ def trace_training_graph(module: torch.nn.Module, example_inputs: Any, loss_fn: 
     """Trace ``module`` on the first micro-batch of ``example_inputs``/``target`` (one full batch)
     and build its training graph.
 
-    capture: "fx" traces with torch.fx onto sbplab's own op library and differentiates it with its
-        gradient rules; "aten" captures forward and backward at ATen level with torch.export and
+    capture: "fx" traces with torch.fx onto sbplab's own op library (each op's backward traced from
+        torch's autograd of its kernel: ``op_vjp``); "aten" captures forward and backward at ATen level with torch.export and
         torch's autograd (``aten_training_graph``: any model torch.export can trace); "auto" (default)
         takes "fx" where it maps the whole model and "aten" otherwise (and for keyword inputs).
     full_batch_graph: the module already traced on the whole batch, reused when there is one
