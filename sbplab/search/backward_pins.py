@@ -8,10 +8,9 @@ input's read. Left to itself, deduction re-decides every backward op greedily an
 compiled step is not the step the search priced. So each backward op of a forward op's gradient
 (torch's autograd, ATen ops) is pinned to its first signature that matches those layouts; an op with
 no such signature (or one the gradient's intermediate tensors leave open, like the sums that add a
-tensor's gradient parts) is
-left to deduction. Layouts pass along a chain of backward ops (an ATen capture's ``view -> mm -> view``
-of one autograd formula): an op whose every input is known is pinned, and its outputs become known; an
-op reading a tensor nobody pinned is left to deduction.
+tensor's gradient parts) is left to deduction. Layouts pass along a chain of backward ops (an ATen
+capture's ``view -> mm -> view`` of one autograd formula): an op whose every input is known is
+pinned, and its outputs become known; an op reading a tensor nobody pinned is left to deduction.
 
 What the model does not see: a linear backward op could pass a partial sum on (``P`` in, ``P`` out)
 and reduce it once, later (into ZeRO's shards, say), where the model reduces it where it arrives; the
