@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import InputError, OpError
 from ..freeze import freeze
-from ..ops.aten.calls import ALIASES, SKIPPED, DeviceSlot, Slot, op_name
+from ..ops.aten.calls import DeviceSlot, Slot, op_name, passed_through
 from ..ops.registry import TensorMeta
 from .aten_eager import AtenStep
 
@@ -124,11 +124,7 @@ def _to_steps(name: str, gm: torch.fx.GraphModule) -> Traced:
             env[node] = env[src][k]  # type: ignore[index]
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             op = op_name(node.target)
-            if op in SKIPPED:
-                env[node] = None
-                continue
-            if op in ALIASES:
-                env[node] = env[node.args[0]]
+            if passed_through(op, node, env):
                 continue
             args = _template(tuple(node.args), env)
             kwargs = tuple((k, _template(v, env)) for k, v in node.kwargs.items())

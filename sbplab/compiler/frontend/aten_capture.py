@@ -39,7 +39,7 @@ import torch.nn as nn
 from ...errors import SbplabError
 from ...gc_pause import without_gc
 from ...ops.aten.attention import AttentionMode
-from ...ops.aten.calls import ALIASES, SKIPPED, DeviceSlot, Slot, library_of, op_name
+from ...ops.aten.calls import DeviceSlot, Slot, library_of, op_name, passed_through
 from ...ops.aten.decompositions import decompositions
 from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
@@ -379,11 +379,7 @@ def _call(g: Graph, node: fx.Node, env: dict, seq_op: dict[int, str], replicated
         raise CaptureError(f"captured node {node.name} calls {node.target!r}, which is not an ATen op"
                            f" (at {source_of(node) or 'an unknown line'})")
     name = op_name(node.target)
-    if name in SKIPPED:
-        env[node] = None
-        return
-    if name in ALIASES:
-        env[node] = env[node.args[0]]
+    if passed_through(name, node, env):
         return
     inputs: list[str] = []
     attrs = {"args": _template(tuple(node.args), env, inputs),

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from ...freeze import freeze_attrs
-from ...ops.aten.calls import ALIASES, SKIPPED, DeviceSlot, Slot, op_name
+from ...ops.aten.calls import DeviceSlot, Slot, op_name, passed_through
 from ...ops.registry import TensorMeta, get_op
 from ..ir import Graph, GraphError, OpNode
 
@@ -190,11 +190,7 @@ def _to_recipe(gm: fx.GraphModule, n_in: int, n_out: int, needs: tuple[bool, ...
             env[n] = (*env[src][:2], k)
             continue
         name = op_name(n.target)
-        if name in SKIPPED:
-            env[n] = None
-            continue
-        if name in ALIASES:
-            env[n] = env[n.args[0]]
+        if passed_through(name, n, env):
             continue
         if n.target._schema.is_mutable:  # a graph is functional: a worker would write into another op's tensor
             raise GraphError(f"the backward torch traced calls {name}, which writes into its input; ops of a "

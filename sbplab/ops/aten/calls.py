@@ -24,6 +24,18 @@ SKIPPED = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scala
 ALIASES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh_copy.default"})
 
 
+def passed_through(name: str, node: Any, env: dict) -> bool:
+    """True when ATen node ``node`` (op ``name``) needs no op of its own: a dropped check stands for
+    nothing in ``env``, an alias for the tensor it renames."""
+    if name in SKIPPED:
+        env[node] = None
+        return True
+    if name in ALIASES:
+        env[node] = env[node.args[0]]
+        return True
+    return False
+
+
 def op_name(target: torch._ops.OpOverload) -> str:
     """``aten.mm.default``: the name rules, plans and errors know an ATen overload by."""
     return f"{target.namespace}.{target._opname}.{target._overloadname}"
