@@ -40,6 +40,7 @@ from .registry import (
     NdSignature,
     OpDef,
     TensorMeta,
+    _zero_flops,
     get_op,
     local_context,
     nd_signatures,
@@ -96,6 +97,8 @@ class RankedSignature:
 def local_flops(op: OpDef, in_metas: Sequence[TensorMeta], attrs: dict, sig: NdSignature,
                 placement: Placement) -> int:
     """FLOPs of ``op`` on one rank's shards under ``sig`` (the first rank; splits are balanced)."""
+    if op.flops is _zero_flops:  # an op that never counts any: no shard to work out
+        return 0
     return _local_flops(op.name, tuple(in_metas), shape_key(attrs), sig, placement)  # dropouts share
 
 

@@ -17,6 +17,7 @@ import torch
 from ...freeze import freeze_attrs
 from ..registry import LocalContext, OpDef, TensorMeta
 from .calls import call, overload
+from .flop_formulas import formula_flops
 from .into import into_kernel
 from .rules import Rule, rule_for
 
@@ -61,8 +62,12 @@ def _flops(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     attrs = dict(frozen)
-    if not counts_flops(attrs.get("op", name)):  # the overload the call runs (a rule's localize may swap it)
+    target = attrs.get("op", name)  # the overload the call runs (a rule's localize may swap it)
+    if not counts_flops(target):
         return 0
+    by_formula = formula_flops(target, rule_for(target).family, metas, attrs, lambda: _infer(name, metas, frozen))
+    if by_formula is not None:
+        return by_formula
     with FlopCounterMode(display=False) as counter:
         call(name, attrs, [_meta(m) for m in metas], torch.device("meta"))
     return int(counter.get_total_flops())
@@ -105,7 +110,9 @@ def make_aten_opdef(name: str) -> OpDef:
     def localize(attrs: dict, ctx: LocalContext) -> dict:
         return rule.localize(attrs, ctx) if rule.localize is not None else attrs
 
-    op = OpDef(name, infer, signatures, kernel, flops=flops, doc=f"{rule.family}: {rule.note}".strip())
+    op = OpDef(name, infer, signatures, kernel, doc=f"{rule.family}: {rule.note}".strip())
+    if rule.localize is not None or counts_flops(name):  # else the registry's zero: no shard worked out
+        op.flops = flops
     if rule.localize is not None:
         op.localize = localize
     op.kernel_into = into_kernel(name)  # a gradient written straight into its bucket (into.py)
