@@ -4,13 +4,19 @@
   pointwise ops) equal ``torch.utils.flop_counter``'s count of the call, for every op of the captured
   graphs, on its global shapes and on every rank's shards under every n-D signature of a 2x2 mesh;
   convolutions and batched matmuls (not in these graphs) on a few shapes;
-- a deduction with every formula turned off (each op's FLOPs counted by the counter) is the same
-  deduction, signature for signature and boxing for boxing.
+- output shapes by formula (``ops/aten/shape_formulas.py``: broadcasting, mm, views, transpose,
+  unsqueeze, expand) equal the meta kernel's, dtypes included, for every op of those graphs on every
+  rank's shards under every product of its 1-D signatures on a 2x2 mesh (the candidates listing
+  checks, the invalid ones too: where torch refuses a call the formula gives no answer);
+- a deduction with every formula turned off (each op's FLOPs counted by the counter, each shape
+  inferred by a meta kernel) is the same deduction, signature for signature and boxing for boxing.
 """
 
 from __future__ import annotations
 
+import itertools
 import warnings
+from collections import Counter
 
 import pytest
 import torch
@@ -21,12 +27,23 @@ import sbplab as sl
 from sbplab.compiler.deduction.deduce import deduce
 from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss
 from sbplab.compiler.training.training_graph import aten_training_graph
-from sbplab.freeze import freeze
+from sbplab.freeze import freeze, freeze_attrs
+from sbplab.layout import local_block
 from sbplab.ops.aten import opdef
 from sbplab.ops.aten.calls import Slot, call
 from sbplab.ops.aten.flop_formulas import counted_by_torch, formula_flops
 from sbplab.ops.aten.rules import rule_for
-from sbplab.ops.registry import TensorMeta, forget_cached_answers, get_op, local_context, nd_signatures
+from sbplab.ops.aten.shape_formulas import kernels_only, output_shapes
+from sbplab.ops.registry import (
+    LocalContext,
+    NdSignature,
+    TensorMeta,
+    forget_cached_answers,
+    get_op,
+    local_context,
+    nd_signatures,
+    one_d_signatures,
+)
 
 pytest.importorskip("transformers")
 
@@ -102,6 +119,7 @@ def test_deduction_with_the_counter_equals_the_formulas(graph):
     def record():
         forget_cached_answers()  # signatures, FLOPs per shard, scores, plans: each deduction answers anew
         opdef._flops.cache_clear()
+        opdef._infer.cache_clear()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             d = deduce(graph, strategy)
@@ -109,7 +127,73 @@ def test_deduction_with_the_counter_equals_the_formulas(graph):
                 [(b.tensor, b.src_sbp, b.dst_sbp, b.plan, tuple(b.consumers)) for b in d.boxings])
 
     fast = record()
-    with counted_by_torch():
+    with counted_by_torch(), kernels_only():
         slow = record()
     assert fast == slow
     assert len(fast[0]) == len(graph.ops)
+
+
+def _shards(reg, metas, attrs, mesh):
+    """(local input metas, local attrs) of every rank under every product of the op's 1-D signatures."""
+    outs = reg.infer(metas, attrs)
+    ones = one_d_signatures(reg, metas, attrs)
+    for combo in itertools.product(ones, repeat=2):
+        sig = NdSignature(tuple(tuple(c.inputs[i] for c in combo) for i in range(len(metas))),
+                          tuple(tuple(c.outputs[j] for c in combo) for j in range(len(outs))))
+        for rank in mesh.rank_list:
+            try:
+                ib = tuple(local_block(m.shape, mesh, nd, rank) for m, nd in zip(metas, sig.inputs))
+                ob = tuple(local_block(m.shape, mesh, nd, rank) for m, nd in zip(outs, sig.outputs))
+            except ValueError:  # a layout no rank can hold (a strided split nested in another split)
+                continue
+            local = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ib, metas)]
+            try:
+                here = reg.localize(dict(attrs), LocalContext(tuple(metas), tuple(outs), ib, ob, sig))
+            except (ValueError, RuntimeError, IndexError):
+                continue
+            yield local, here
+
+
+def test_shape_formulas_equal_the_meta_kernels_on_every_shard(graph):
+    mesh = sl.Placement("cpu", [[0, 1], [2, 3]])
+    seen, answered = set(), Counter()
+    for op in graph.ops:
+        if op.type.count(".") != 2:
+            continue
+        metas = [graph.tensors[t].meta for t in op.inputs]
+        reg = get_op(op.type)
+        for ms, attrs in [(metas, op.attrs), *_shards(reg, metas, op.attrs, mesh)]:
+            key = (op.type, tuple(ms), freeze(attrs))
+            if key in seen:
+                continue
+            seen.add(key)
+            shapes = output_shapes(op.type, ms, attrs)
+            try:
+                want = opdef._infer_kernel(op.type, tuple(ms), freeze_attrs(attrs))
+            except (ValueError, RuntimeError, IndexError):
+                assert shapes is None, (op.name, ms, shapes)  # torch refuses it: no formula answers
+                continue
+            if shapes is None:
+                continue
+            got = opdef._infer.__wrapped__(op.type, tuple(ms), freeze_attrs(attrs))
+            assert got == want, (op.name, op.type, ms)
+            answered[op.type] += 1
+    assert sum(answered.values()) > 300 and len(answered) >= 10  # many calls of many ops
+
+
+@pytest.mark.parametrize("name, shapes, args", [
+    ("aten.add.Tensor", [(4, 3), (2, 3)], (Slot(0), Slot(1))),
+    ("aten.where.self", [(4, 1), (1, 3), (2, 3)], (Slot(0), Slot(1), Slot(2))),
+    ("aten.mm.default", [(4, 3), (2, 5)], (Slot(0), Slot(1))),
+    ("aten.view.default", [(4, 3)], (Slot(0), (5, -1))),
+    ("aten.view.default", [(4, 3)], (Slot(0), (2, 2, 2))),
+    ("aten.expand.default", [(4, 3)], (Slot(0), (4, 2))),
+    ("aten.expand.default", [(4, 3)], (Slot(0), (-1, 4, 3))),
+    ("aten.transpose.int", [(4, 3)], (Slot(0), 0, 2)),
+    ("aten.unsqueeze.default", [(4, 3)], (Slot(0), 4)),
+])
+def test_shape_formulas_answer_nothing_torch_refuses(name, shapes, args):
+    metas = tuple(TensorMeta(s) for s in shapes)
+    assert output_shapes(name, metas, {"args": args}) is None
+    with pytest.raises((RuntimeError, IndexError, ValueError)):
+        opdef._infer(name, metas, freeze_attrs({"args": args}))

@@ -20,6 +20,7 @@ from .calls import call, overload
 from .flop_formulas import formula_flops
 from .into import into_kernel
 from .rules import Rule, rule_for
+from .shape_formulas import output_shapes, same_dtype
 
 # a view of the whole tensor may not be a view of a shard (a slice boxing made it non-contiguous); the
 # captured graph is functional, so the shard's kernel may copy where a view is impossible
@@ -33,6 +34,21 @@ def _meta(m: TensorMeta) -> torch.Tensor:
 
 @lru_cache(maxsize=1 << 16)
 def _infer(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> tuple[TensorMeta, ...]:
+    shapes = output_shapes(name, metas, dict(frozen))  # the commonest ops by formula (shape_formulas.py)
+    if shapes is not None:
+        dtypes = [metas[0].dtype] if same_dtype(name) else [m.dtype for m in _infer_kernel(name, _ranks(metas), frozen)]
+        return tuple(TensorMeta(sh, dt) for sh, dt in zip(shapes, dtypes))
+    return _infer_kernel(name, metas, frozen)
+
+
+def _ranks(metas: tuple[TensorMeta, ...]) -> tuple[TensorMeta, ...]:
+    """The inputs as all-ones shapes of the same ranks: what type promotion reads, cheap to run."""
+    return tuple(TensorMeta((1,) * len(m.shape), m.dtype) for m in metas)
+
+
+@lru_cache(maxsize=1 << 16)
+def _infer_kernel(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> tuple[TensorMeta, ...]:
+    """Output metas from running the op on meta tensors."""
     outs = call(name, dict(frozen), [_meta(m) for m in metas], torch.device("meta"))
     return tuple(EMPTY if o is None else TensorMeta(tuple(o.shape), o.dtype) for o in outs)
 
