@@ -8,6 +8,7 @@
   unsqueeze, expand) equal the meta kernel's, dtypes included, for every op of those graphs on every
   rank's shards under every product of its 1-D signatures on a 2x2 mesh (the candidates listing
   checks, the invalid ones too: where torch refuses a call the formula gives no answer);
+- a boxing priced from the planner's route without making the plan costs what the plan says;
 - a deduction with every formula turned off (each op's FLOPs counted by the counter, each shape
   inferred by a meta kernel) is the same deduction, signature for signature and boxing for boxing.
 """
@@ -24,9 +25,11 @@ from tiny_hf import tiny_hf
 from torch.utils.flop_counter import FlopCounterMode
 
 import sbplab as sl
-from sbplab.compiler.deduction.deduce import deduce
+from sbplab.boxing import plan_boxing
+from sbplab.compiler.deduction.deduce import deduce, route_cost
 from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss
 from sbplab.compiler.training.training_graph import aten_training_graph
+from sbplab.errors import SbplabError
 from sbplab.freeze import freeze, freeze_attrs
 from sbplab.layout import local_block
 from sbplab.ops.aten import opdef
@@ -34,6 +37,7 @@ from sbplab.ops.aten.calls import Slot, call
 from sbplab.ops.aten.flop_formulas import counted_by_torch, formula_flops
 from sbplab.ops.aten.rules import rule_for
 from sbplab.ops.aten.shape_formulas import kernels_only, output_shapes
+from sbplab.ops.choose import BoxingCost
 from sbplab.ops.registry import (
     LocalContext,
     NdSignature,
@@ -44,6 +48,7 @@ from sbplab.ops.registry import (
     nd_signatures,
     one_d_signatures,
 )
+from sbplab.sbp import B, P, S
 
 pytest.importorskip("transformers")
 
@@ -197,3 +202,24 @@ def test_shape_formulas_answer_nothing_torch_refuses(name, shapes, args):
     assert output_shapes(name, metas, {"args": args}) is None
     with pytest.raises((RuntimeError, IndexError, ValueError)):
         opdef._infer(name, metas, freeze_attrs({"args": args}))
+
+
+@pytest.mark.parametrize("shape, mesh", [((4, 8), [[0, 1], [2, 3]]), ((6, 5, 3), [[0, 1, 2, 3], [4, 5, 6, 7]]),
+                                         ((8,), [0, 1, 2, 3])])
+def test_boxing_prices_without_the_plan_equal_the_plans(shape, mesh):
+    """Deduction prices a boxing from the planner's route without making the plan: the same time (to the
+    last bit), bytes and steps as the plan, and the same error where there is none, for every pair of layouts."""
+    pl = sl.Placement("cpu", mesh)
+    per_axis = [B, P, *(S(d) for d in range(len(shape)))]
+    layouts = list(itertools.product(per_axis, repeat=pl.ndim))
+    priced = 0
+    for src, dst in itertools.product(layouts, layouts):
+        try:
+            want = BoxingCost.of(plan_boxing(shape, src, dst, pl))
+        except SbplabError as e:
+            with pytest.raises(type(e)):
+                route_cost(TensorMeta(shape), src, dst, pl)
+            continue
+        assert route_cost(TensorMeta(shape), src, dst, pl) == want, (src, dst)
+        priced += want.bytes > 0
+    assert priced >= len(layouts)  # many pairs communicate

@@ -25,13 +25,15 @@ import difflib
 from collections.abc import Callable
 
 from ...boxing import BoxingPlan, plan_boxing
-from ...boxing.route import BoxingError
+from ...boxing.costs import edge_cost
+from ...boxing.planner import _default_hardware
+from ...boxing.route import BoxingError, apply_hops, find_route
 from ...fmt import fmt_time
 from ...gc_pause import without_gc
 from ...hardware import Hardware
 from ...layout import LayoutError, check_layout
 from ...ops.choose import BoxingCost, RankedSignature
-from ...ops.registry import NdSignature
+from ...ops.registry import NdSignature, TensorMeta
 from ...placement import Placement
 from ...sbp import B, Broadcast, NdSbp, Partial, Split, fmt_sbp, is_chunked
 from ..ir import Graph, OpNode
@@ -85,7 +87,7 @@ class Deduction:
             c = COSTS.get(key)
             if c is None:
                 try:
-                    c = COSTS.put(key, BoxingCost.of(self.plan(tensor, src, dst, src_pl, dst_pl)))
+                    c = COSTS.put(key, route_cost(m, src, dst, src_pl, self.hardware))
                 except (BoxingError, LayoutError):  # a strided split no route reaches (its dim split twice):
                     # a signature never chosen; to and from B and P boxing moves it at its real price
                     if not any(is_chunked(x) for x in (*src, *dst)):
@@ -175,6 +177,21 @@ class Deduction:
 
     def total_bytes(self) -> int:
         return sum(b.bytes for b in self.boxings)
+
+
+def route_cost(m: TensorMeta, src: NdSbp, dst: NdSbp, pl: Placement, hardware: Hardware | None = None) -> BoxingCost:
+    """``BoxingCost.of(plan_boxing(m.shape, src, dst, pl, dtype=m.dtype, hardware=hardware))`` without
+    making the plan: the planner's route and each step's cost, summed in step order as the plan sums
+    them (equal to the last bit). Ranking prices several targets per input and keeps one; only the
+    boxings deduction makes are planned."""
+    hw = hardware if hardware is not None else _default_hardware(pl.device_type)
+    for nd, what in ((src, "src_sbp"), (dst, "dst_sbp")):
+        check_layout(m.shape, pl, nd, what=f"plan_boxing: {what}", dtype=m.dtype)
+    size = m.dtype.itemsize
+    route = find_route(m.shape, src, dst, pl.shape, size, hw)
+    steps = [edge_cost(m.shape, pl.shape, s, axis, new, size, hw)
+             for (axis, new), s in zip(route.hops, apply_hops(src, route.hops))]
+    return BoxingCost(float(sum(c.time_s for c in steps)), int(sum(sum(c.sent) for c in steps)), len(steps))
 
 
 def is_local_change(src: NdSbp, dst: NdSbp) -> bool:
