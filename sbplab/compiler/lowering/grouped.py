@@ -177,27 +177,30 @@ class GroupedLowering:
         actors, theirs, rnodes, rstarts = lw.actors[r], lw.actors[rep.rank], rep.nodes, rep.starts
         name_of, scope_of, ref, micro, local = lw.name, lw.scope, lw.ref, lw.phys.micro_batches > 1, self.local
         own, stage_of, bucket_of, node_alike = lw.own.get(r, ()), lw.stage_of[r], lw.bucket_of, self._node_alike
-        new_compute = Compute.__new__
+        new_compute, refs, append = Compute.__new__, lw.refs, actors.append
         for i, mn in enumerate(nodes):
             rn = rnodes[i]
             kind = mn.kind
             if kind == "compute" and not mn.accumulate:  # most nodes: a plain kernel
                 # The logical op names the op, its phase, stage and output dtypes; its inputs (at the same
                 # positions, made alike before it) set when it runs and the shapes it reads.
-                ri, mi = rn.inputs, mn.inputs
+                ri, mi, ra = rn.inputs, mn.inputs, rn.attrs
                 if rn.logical != mn.logical or rn.kind != kind or rn.out_shapes != mn.out_shapes \
-                        or len(ri) != len(mi) or not _same_attrs(rn.attrs, mn.attrs):
+                        or len(ri) != len(mi) or (ra is not mn.attrs and not _same_attrs(ra, mn.attrs)):
                     return i
+                ins = []
                 for x, y in zip(ri, mi):
                     if x.out != y.out or local[x.node] != local[y.node]:
                         return i
+                    ins.append(refs.get(id(y)) or ref(y))  # ``_Lowering.ref``, its lookup inlined
                 a = new_compute(Compute)
-                name = name_of[mn.id] = f"n{mn.id}"
+                mid = mn.id
+                name = name_of[mid] = f"n{mid}"
                 a.__dict__ = {**theirs[rstarts[i]].__dict__, "name": name, "attrs": dict(mn.attrs),
-                              "inputs": tuple(map(ref, mi))}
-                scope_of[mn.id] = "micro" if mn.when == "each" and micro else "step"
-                actors.append(a)
-                if mn.stage in own:
+                              "inputs": tuple(ins)}
+                scope_of[mid] = "micro" if micro and mn.when == "each" else "step"
+                append(a)
+                if own and mn.stage in own:
                     stage_of[name] = mn.stage
                 continue
             if not node_alike(rn, mn):

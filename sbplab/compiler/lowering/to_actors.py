@@ -78,6 +78,7 @@ class _Lowering:
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
         self.refs: dict[int, Ref] = {}  # id of a PhysRef (node, output) -> its register
         self.coll_attrs: dict[tuple, dict] = {}  # (plan step, group, input shape) -> the Collective's fields
+        self.bucket_layouts: dict[tuple, tuple] = {}  # (bucket, group, shapes) -> its layout (``bucket_actors``)
 
     def initial_shard(self, name: str, rank: int, block: Block) -> torch.Tensor | Zeros:
         """This rank's start value of ``name``, whose source node holds ``block`` (``local_block`` of
@@ -225,7 +226,8 @@ class _Lowering:
         members.append(n)
         if len(members) == len(b.collectives):
             members.sort(key=lambda m: b.collectives.index(m.collective))  # type: ignore[arg-type]
-            self.add(n, *bucket_actors(b, members, [self.ref(m.inputs[0]) for m in members], self.graph, common))
+            self.add(n, *bucket_actors(b, members, [self.ref(m.inputs[0]) for m in members], self.graph, common,
+                                       self.bucket_layouts))
 
     def local_step(self, n: PhysNode, common: dict) -> None:
         """A local step (slice, zero fill): the kind's own kernel, the one its in-process run calls."""
