@@ -54,22 +54,42 @@ class _ModuleStack:
             self._publish()
 
 
+def _kept(f: Any, stop: Any = None) -> tuple[list[tuple[str, int, str]], Any]:
+    """The frames export keeps from ``f`` outwards (``forward`` functions, torch/__init__.py, fx's anchors),
+    innermost first, up to and without the first frame running code ``stop`` (returned; None: none)."""
+    kept = []
+    while f is not None:
+        code = f.f_code
+        if code is stop:
+            return kept, f
+        name, path = code.co_name, code.co_filename
+        if name == "forward" or path.endswith("torch/__init__.py") or (path, name) in fx.proxy._STACK_TRACE_ANCHORS:
+            kept.append((path, f.f_lineno, name))
+        f = f.f_back
+    return kept, None
+
+
 class _SourceLines(TorchFunctionMode):
     """Before each torch call, the stack trace export would record for the nodes it makes: the frames of
-    ``forward`` functions (and torch/__init__.py), outermost first, in ``traceback``'s format."""
+    ``forward`` functions (and torch/__init__.py), outermost first, in ``traceback``'s format.
 
-    def __init__(self) -> None:
+    Every call is made inside the root module's ``forward`` (code ``root``); the frames that called it
+    (the tracer's, tens deep) are suspended while it runs, so their part of the stack is read once per
+    root call, and only the frames from the root's inwards are read per torch call."""
+
+    def __init__(self, root: Any = None) -> None:
         super().__init__()
         self._text: dict[tuple, str] = {}
+        self._root = root
+        self._outer: tuple[Any, list] = (None, [])  # (the root call's frame, what its callers keep)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kept = []
-        f = sys._getframe(1)
-        while f is not None:
-            name, path = f.f_code.co_name, f.f_code.co_filename
-            if name == "forward" or path.endswith("torch/__init__.py") or (path, name) in fx.proxy._STACK_TRACE_ANCHORS:
-                kept.append((path, f.f_lineno, name))
-            f = f.f_back
+        kept, at = _kept(sys._getframe(1), self._root)
+        if at is not None:  # the root's own line moves (the model, then its loss): read each time
+            kept.append((at.f_code.co_filename, at.f_lineno, at.f_code.co_name))
+            if self._outer[0] is not at:  # a new root call: its callers, suspended while it runs, read once
+                self._outer = (at, _kept(at.f_back)[0])
+            kept += self._outer[1]
         key = tuple(kept)
         text = self._text.get(key)
         if text is None:
@@ -96,7 +116,9 @@ def recorded_like_export(root: nn.Module) -> Iterator[None]:
         es.callback(pre.remove)
         post = hooks.register_module_forward_hook(stack.post, always_call=True)
         es.callback(post.remove)
-        es.enter_context(_SourceLines())
+        lines = _SourceLines(getattr(type(root).forward, "__code__", None))
+        es.enter_context(lines)
+        es.callback(setattr, lines, "_outer", (None, []))  # no frame kept alive after the trace
         yield
 
 
