@@ -137,7 +137,7 @@ def test_torch_backward_equals_autograd_on_the_zoo(cls, cfg):
     for n, p in m.named_parameters():
         torch.testing.assert_close(env[g.grads[n]], p.grad, rtol=1e-5, atol=1e-6)
     backward = [op for op in g.ops_in("backward") if op.type not in ("fill", "add", "scale")]
-    assert backward and all(op.type.startswith("aten.") and op.forward_op in g.op_by_name for op in backward)
+    assert backward and all(op.type.startswith(("aten.", "sbplab.")) and op.forward_op in g.op_by_name for op in backward)
     for op in backward:  # each backward op speaks in its forward op's module
         assert op.module == g.op_by_name[op.forward_op].module
 

@@ -2,7 +2,8 @@
 
 Under data parallelism each rank holds some rows of logits and targets. Each computes the sum of
 its rows' losses divided by the GLOBAL row count (``localize`` tells it), so the ranks' results
-are addends of the exact mean: ``S(0), S(0) -> P``.
+are addends of the exact mean: ``S(0), S(0) -> P``. The kernel is ``aten/cross_entropy_rows.py``'s, so
+the backward torch's autograd gives is the fused one (one buffer the size of the logits).
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..sbp import S
 from ._util import PSUM, fail, need_float, need_inputs, need_int, sig
+from .aten.cross_entropy_rows import cross_entropy_rows
 from .registry import LocalContext, OpDef, Signature, TensorMeta, register
 
 
@@ -35,7 +36,7 @@ def _ce_signatures(ins: Sequence[TensorMeta], attrs: dict) -> list[Signature]:
 def _ce_kernel(xs: Sequence[torch.Tensor], attrs: dict) -> tuple[torch.Tensor, ...]:
     logits, target = xs
     count = attrs.get("count") or logits.shape[0]
-    return (F.cross_entropy(logits, target, reduction="sum") / count,)
+    return (cross_entropy_rows(logits, target).sum() / count,)  # torch's backward of it: the fused one
 
 
 def _ce_localize(attrs: dict, ctx: LocalContext) -> dict:

@@ -15,20 +15,25 @@ The max is only a shift for stability (the loss does not depend on it, so it car
 backward autograd derives is softmax minus the one-hot target, each rank on its own columns. With the logits
 whole the ops compute the same loss as torch (to rounding: the gradient is not bit for bit torch's, which
 low-precision gradients and optimizer states amplify). So the capture writes it only for a strategy that
-splits the vocabulary (``sharded_loss``, set by ``sl.compile``). Only the plain call is rewritten: class
-indices, classes in dim 1 of 2-D logits, no class weights, no label smoothing; any other call is torch's.
+splits the vocabulary (``sharded_loss``, set by ``sl.compile``).
+
+Otherwise the capture writes it with ``cross_entropy_rows`` (``ops/aten/cross_entropy_rows.py``): the same
+loss as torch's, whose backward is fused (softmax minus the one-hot target, one buffer the size of the
+logits rather than torch's three). Only the plain call is rewritten: class indices, classes in dim 1 of
+2-D logits, no class weights, no label smoothing; any other call is torch's.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ...ops.aten.cross_entropy_rows import cross_entropy_rows
 from ...ops.aten.vocab_parallel import log_saving_output, pick_logit
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -50,9 +55,10 @@ def splits_vocabulary(strategy) -> bool:
     return any(type(r).__name__ == "TensorParallel" and r.vocab is not False for r in getattr(strategy, "rules", ()))
 
 
-def capture_mode() -> contextlib.AbstractContextManager:
-    """What the capture enters: the rewrite when ``sharded_loss`` is on, else nothing."""
-    return VocabShardedCrossEntropy() if _SHARDED.get() else contextlib.nullcontext()
+def capture_mode() -> TorchFunctionMode:
+    """What the capture enters: the cross entropy on vocabulary shards when ``sharded_loss`` is on, else the
+    fused one."""
+    return PlainCrossEntropy(cross_entropy if _SHARDED.get() else fused_cross_entropy)
 
 
 def _plain(args: tuple, kwargs: dict) -> bool:
@@ -68,28 +74,51 @@ def _plain(args: tuple, kwargs: dict) -> bool:
             and isinstance(call.get("ignore_index", -100), int))
 
 
-def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
-                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
-                  label_smoothing: float = 0.0) -> torch.Tensor:
-    """``F.cross_entropy(input (N, V), target (N,))`` as a log-sum-exp minus the target's logit."""
-    if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
-        input = input.float()  # autocast runs torch's cross entropy in fp32: so does this one
-    m = torch.amax(input, dim=1, keepdim=True).detach()  # (N, 1)  a shift: the loss does not depend on it
-    z = torch.exp(input - m).sum(dim=1)  # (N,)
-    valid = (target != ignore_index).to(input.dtype)  # (N,)
-    loss = (log_saving_output(z) + m.squeeze(1) - pick_logit(input, target)) * valid  # (N,)
+def _reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Per-row losses (N,) reduced as torch's ``reduction``; the mean is over the targets not ignored (nan
+    when there are none, as torch's)."""
     if reduction == "none":
         return loss
     if reduction == "sum":
         return loss.sum()
-    return loss.sum() / valid.sum()  # torch's mean: over the targets not ignored (nan when there are none)
+    return loss.sum() / valid.sum()
 
 
-class VocabShardedCrossEntropy(TorchFunctionMode):
-    """While active, plain ``F.cross_entropy`` calls run ``cross_entropy`` above (the capture holds it)."""
+def _fp32_under_autocast(input: torch.Tensor) -> torch.Tensor:
+    if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
+        return input.float()  # autocast runs torch's cross entropy in fp32: so does this one
+    return input
+
+
+def fused_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
+                        ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                        label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(input (N, V), target (N,))`` by rows, with the fused backward."""
+    valid = (target != ignore_index).to(input.dtype)  # (N,)
+    return _reduce(cross_entropy_rows(_fp32_under_autocast(input), target, ignore_index), valid, reduction)
+
+
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(input (N, V), target (N,))`` as a log-sum-exp minus the target's logit."""
+    input = _fp32_under_autocast(input)
+    m = torch.amax(input, dim=1, keepdim=True).detach()  # (N, 1)  a shift: the loss does not depend on it
+    z = torch.exp(input - m).sum(dim=1)  # (N,)
+    valid = (target != ignore_index).to(input.dtype)  # (N,)
+    loss = (log_saving_output(z) + m.squeeze(1) - pick_logit(input, target)) * valid  # (N,)
+    return _reduce(loss, valid, reduction)
+
+
+class PlainCrossEntropy(TorchFunctionMode):
+    """While active, plain ``F.cross_entropy`` calls run ``form`` (one of the two above: the capture holds it)."""
+
+    def __init__(self, form: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.form = form
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.cross_entropy and _plain(args, kwargs):
-            return cross_entropy(*args, **kwargs)
+            return self.form(*args, **kwargs)
         return func(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""Network layers: normalisations, attention, embedding, convolution and pooling, forward and backward.
+"""Network layers: normalisations, attention, embedding, convolution and pooling, the fused cross entropy,
+forward and backward.
 
 Each splits the dims its math keeps independent: a layer norm's leading (batch, sequence) dims,
 attention's batch and heads, a convolution's batch or output channels, an embedding's lookups or its
@@ -197,3 +198,12 @@ POOL_LINEAR = {"aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default", "
 
 def pool_linear_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
     return [sig([P] + [B] * (len(ins) - 1), [P] * len(outs))] if name in POOL_LINEAR else []
+
+
+def cross_entropy_rows_signatures(name: str, ins: list[TensorMeta], outs: list[TensorMeta]) -> list[Signature]:
+    """``cross_entropy_rows`` and its backward: rows split together (a row's softmax needs all its classes);
+    the backward is linear in the row gradients."""
+    sigs = [sig([S(0)] * len(ins), [S(0)])] if outs[0].shape[0] > 1 else []
+    if name.endswith("backward.default"):
+        sigs.append(sig([P] + [B] * (len(ins) - 1), [P]))
+    return sigs

@@ -190,6 +190,9 @@ declare("indexing", ["sbplab.pick_logit.default"], vp.pick_signatures, vp.pick_l
         note="the target's logit; on logits split by vocabulary a partial sum (vocab_parallel.py)")
 declare("indexing", ["sbplab.pick_logit_backward.default"], vp.pick_backward_signatures, vp.pick_backward_localize,
         note="each rank writes its vocabulary columns of the gradient (vocab_parallel.py)")
+declare("loss", ["sbplab.cross_entropy_rows.default", "sbplab.cross_entropy_rows_backward.default"],
+        lambda n, i, o, a: nn.cross_entropy_rows_signatures(n, i, o),
+        note="rows split together; the fused backward holds one logits-sized buffer (cross_entropy_rows.py)")
 declare("indexing", _ops("gather.default", "scatter.value", "scatter.src", "scatter_add.default"),
         lambda n, i, o, a: nn.gather_signatures(i, o, a, n == "aten.gather.default"))
 declare("indexing", _ops("index.Tensor"), lambda n, i, o, a: nn.index_signatures(i, o, a))
