@@ -349,6 +349,8 @@ def _find_pairs(graph: Graph, column: Sequence[str], row: Sequence[str], tp_size
     fwd = [op for op in graph.ops if op.phase == "forward"]
     modules = {op.name: weight_module(graph, op) for op in fwd}
     unmatched = [g for g in (*column, *row) if not any(m and fnmatch.fnmatchcase(m, g) for m in modules.values())]
+    if len(unmatched) == len(column) + len(row):  # no layer named (the default globs on a model of other names):
+        return Pairing([], {}, unmatched, tuple(column), tuple(row))  # nothing to walk, nothing found
     is_row = {op.name for op in fwd if modules[op.name] and _matches(modules[op.name], row)}
     groups = _Groups()
     split: dict[str, Split] = {}  # tensor -> its split, while it flows from a column layer
