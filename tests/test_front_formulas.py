@@ -5,7 +5,7 @@
   graphs, on its global shapes and on every rank's shards under every n-D signature of a 2x2 mesh;
   convolutions and batched matmuls (not in these graphs) on a few shapes;
 - output shapes by formula (``ops/aten/shape_formulas.py``: broadcasting, mm, views, transpose,
-  unsqueeze, expand) equal the meta kernel's, dtypes included, for every op of those graphs on every
+  unsqueeze, expand, sum) equal the meta kernel's, dtypes included, for every op of those graphs on every
   rank's shards under every product of its 1-D signatures on a 2x2 mesh (the candidates listing
   checks, the invalid ones too: where torch refuses a call the formula gives no answer);
 - a boxing priced from the planner's route without making the plan costs what the plan says;
@@ -196,6 +196,9 @@ def test_shape_formulas_equal_the_meta_kernels_on_every_shard(graph):
     ("aten.expand.default", [(4, 3)], (Slot(0), (-1, 4, 3))),
     ("aten.transpose.int", [(4, 3)], (Slot(0), 0, 2)),
     ("aten.unsqueeze.default", [(4, 3)], (Slot(0), 4)),
+    ("aten.addmm.default", [(3,), (4, 3), (3, 5)], (Slot(0), Slot(1), Slot(2))),
+    ("aten.sum.dim_IntList", [(4, 3)], (Slot(0), (0, -2))),
+    ("aten.sum.dim_IntList", [(4, 3)], (Slot(0), (2,))),
 ])
 def test_shape_formulas_answer_nothing_torch_refuses(name, shapes, args):
     metas = tuple(TensorMeta(s) for s in shapes)

@@ -5,13 +5,15 @@ from its local input shapes (``registry._valid_on_ranks``). Inferring by running
 tensors costs a tenth of a millisecond or more (a Python reference implementation behind the
 dispatcher), and a 32-layer Llama's deduction infers about 1800 distinct local shapes, most of them
 for a handful of ops whose output shape is plain arithmetic: broadcasting (``add``, ``mul``...),
-``mm``, views and reshapes to a given size, ``transpose``, ``t``, ``unsqueeze`` and ``expand``. Those
-are computed here. Only valid calls are answered: anything a formula does not cover, or a call torch
-would refuse (shapes that do not broadcast, a size whose element count differs...), returns None and
-the meta kernel runs, so an error is torch's own. Output dtypes: a view or ``mm`` keeps its input's; a
-broadcasting op's comes from running it once on all-ones shapes of the same ranks (type promotion reads
-ranks and dtypes, not sizes). ``kernels_only()`` turns the formulas off: a test checks them against
-the meta kernels on every op of the real-model corpus, and a deduction with and without them.
+``mm``, ``addmm``, views and reshapes to a given size, ``transpose``, ``t``, ``unsqueeze``, ``expand``
+and ``sum`` over given dims. Those are computed here. Only valid calls are answered: anything a
+formula does not cover, or a call torch would refuse (shapes that do not broadcast, a size whose
+element count differs...), returns None and the meta kernel runs, so an error is torch's own.
+
+Output dtypes: a view or matmul keeps its input's; a broadcasting op's or a sum's comes from running
+it once on all-ones shapes of the same ranks (type promotion reads ranks and dtypes, not sizes).
+``kernels_only()`` turns the formulas off: a test checks them against the meta kernels on every op of
+the real-model corpus, and a deduction with and without them.
 """
 
 from __future__ import annotations
@@ -92,6 +94,24 @@ def _mm(shapes: Shapes, metas: Sequence[TensorMeta], attrs: dict) -> Shapes | No
     return [(a[0], b[1])]
 
 
+def _addmm(shapes: Shapes, metas: Sequence[TensorMeta], attrs: dict) -> Shapes | None:
+    out = _mm(shapes[1:], metas[1:], attrs)
+    if out is None or len(shapes[0]) > 2 or metas[0].dtype != metas[1].dtype or _broadcast([shapes[0], out[0]]) != out[0]:
+        return None
+    return out
+
+
+def _sum(shapes: Shapes, metas: Sequence[TensorMeta], attrs: dict) -> Shapes | None:
+    s, dims, keep = shapes[0], arg(attrs, 1, "dim"), arg(attrs, 2, "keepdim", False)
+    if not isinstance(dims, tuple) or not dims or type(keep) is not bool:
+        return None  # no dims (every dim, or an error): the kernel decides
+    norm = [_dim(d, len(s)) for d in dims]
+    if None in norm or len(set(norm)) != len(norm) or not s:
+        return None
+    return [tuple(1 if i in norm else d for i, d in enumerate(s)) if keep else
+            tuple(d for i, d in enumerate(s) if i not in norm)]
+
+
 def _view(shapes: Shapes, metas: Sequence[TensorMeta], attrs: dict) -> Shapes | None:
     out = _sized(arg(attrs, 1, "size"), shapes[0])
     return None if out is None else [out]
@@ -137,17 +157,20 @@ def _expand(shapes: Shapes, metas: Sequence[TensorMeta], attrs: dict) -> Shapes 
 
 
 FORMULAS: dict[str, Callable[[Shapes, Sequence[TensorMeta], dict], Shapes | None]] = {
-    "aten.mm.default": _mm,
+    "aten.mm.default": _mm, "aten.addmm.default": _addmm, "aten.sum.dim_IntList": _sum,
     "aten.view.default": _view, "aten._unsafe_view.default": _view, "aten.reshape.default": _view,
     "aten.transpose.int": _transpose, "aten.t.default": _t, "aten.unsqueeze.default": _unsqueeze,
     "aten.expand.default": _expand,
 }
 
 
+PROMOTES = frozenset({"aten.sum.dim_IntList"})  # a formula op whose dtype may change (integers sum as int64)
+
+
 def same_dtype(name: str) -> bool:
-    """Whether op ``name``'s output dtype is its first input's (views, ``mm``), as opposed to a
-    broadcasting op's promoted one."""
-    return name in FORMULAS
+    """Whether op ``name``'s output dtype is its first input's (views, matmuls), as opposed to a
+    broadcasting op's promoted one or a sum's (read off a run on all-ones shapes)."""
+    return name in FORMULAS and name not in PROMOTES
 
 
 def output_shapes(name: str, metas: Sequence[TensorMeta], attrs: dict) -> Shapes | None:
