@@ -4,7 +4,7 @@ torch itself records for it, traced once per shapes and arguments.
 Why trace rather than map names to ops by hand: the capture (``compiler/frontend/aten_capture.py``)
 records what torch's dispatcher runs, after the same decompositions (``ops/aten/decompositions.py``); tracing the
 same torch function the same way on meta tensors gives the same ATen ops (``F.linear`` of a 3-D input
-is view, t, addmm, view; ``F.cross_entropy`` is log-softmax and the decomposed NLL), so a lone op and
+is view, t, addmm, view; ``F.cross_entropy`` is the fused ``cross_entropy_rows``), so a lone op and
 a compiled one are decided by the same family rule (``sbplab/ops/aten/rules.py``): one home per rule.
 Nothing is computed at trace time (meta tensors); each ATen op then runs on the shards under the
 signature dispatch chooses for it.
@@ -90,6 +90,7 @@ def traced_steps(name: str, metas: list[TensorMeta], attrs: dict) -> Traced:
 def _trace(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> Traced:
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from ..compiler.frontend.vocab_cross_entropy import capture_mode
     from ..ops.aten.decompositions import decompositions
 
     call = TORCH_CALLS[name]
@@ -97,7 +98,8 @@ def _trace(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> Traced:
     ins = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas]
     try:
         fn = call.make(attrs)
-        gm = make_fx(lambda *xs: fn(*xs), decomposition_table=decompositions())(*ins)  # F.* take defaults
+        with capture_mode():  # the capture's own form of F.cross_entropy (the fused one)
+            gm = make_fx(lambda *xs: fn(*xs), decomposition_table=decompositions())(*ins)  # F.* take defaults
     except KeyError as e:
         raise InputError(f"{name}: needs attr {e.args[0]!r} ({name} takes inputs {call.inputs} and attrs "
                          f"{', '.join(call.attrs)})") from None
