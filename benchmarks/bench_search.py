@@ -9,6 +9,7 @@ GPT on 64 devices (with and without pipeline spaces); "exact" < 60 s for a 24-la
     .venv/bin/python benchmarks/bench_search.py            # the whole table (a few minutes)
     .venv/bin/python benchmarks/bench_search.py --one gpt24 8 exact
     .venv/bin/python benchmarks/bench_search.py --real     # the two real-size figures only
+    .venv/bin/python benchmarks/bench_search.py --phases gpt16   # one of them, its re-rank pass by pass
 
 Real sizes, with sl.search's defaults (the simulated re-rank of the finalists and every preset included),
 each in a fresh process: transformers GPT-2 small (124M, ``GPT2Config()``, built on the meta device,
@@ -118,6 +119,50 @@ def real(name: str) -> dict:
             "skipped": sum(c.sim_floor is not None for c in (*res.candidates, *res.presets))}
 
 
+PHASES = {  # label -> (what owns the function, its name), in the order printed
+    "re-rank: compile + simulate": ("rerank", "_compile_and_simulate"),
+    "  deduction": ("api", "deduce"),
+    "  expansion (physical graph)": ("api", "lower"),
+    "  lowering to actors": ("api", "lower_to_actors"),
+    "    by group (nodes)": ("grouped", "run"),
+    "    plan checks + comm order": ("plan", "__post_init__"),
+    "  simulation": ("predict", "simulate_plan"),
+}
+
+
+def phases(name: str) -> dict:
+    """``real(name)`` with the CPU seconds of each pass of the simulated re-rank summed over its finalists
+    (deduction, expansion, lowering by group, the plan's checks and communication order, simulation):
+    the passes' functions are wrapped with timers here, the library is unchanged. Nested passes count in
+    both (lowering by group is part of lowering)."""
+    import sbplab.compiler.api as api
+    import sbplab.compiler.lowering.to_actors as to_actors
+    import sbplab.runtime.actor_plan as actor_plan
+    import sbplab.search.rerank as rerank
+    import sbplab.sim.predict as predict
+
+    spent: dict[str, float] = {}
+
+    def timed(owner, attr: str, label: str) -> None:
+        f = getattr(owner, attr)
+
+        def run(*a, **k):
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.process_time() - t
+        setattr(owner, attr, run)
+
+    owners = {"rerank": rerank, "api": api, "grouped": to_actors.GroupedLowering, "plan": actor_plan.ActorPlan,
+              "predict": predict}
+    for label, (owner, attr) in PHASES.items():
+        timed(owners[owner], attr, label)
+    out = real(name)
+    out["phases"] = spent
+    return out
+
+
 def _real_rows(timeout: int) -> None:
     import os
 
@@ -146,9 +191,21 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--real", action="store_true", help="only the two real-size figures")
     ap.add_argument("--real-one", metavar="MODEL", help=argparse.SUPPRESS)
+    ap.add_argument("--phases", choices=("gpt2_small", "gpt16"),
+                    help="one real-size row with the CPU seconds of each pass of its re-rank")
     args = ap.parse_args()
     if args.real_one:
         print(json.dumps(real(args.real_one)))
+        return
+    if args.phases:
+        import os
+
+        r = phases(args.phases)
+        print(f"{r['model']}: {r['cpu_s']:.1f} s of CPU (load average {os.getloadavg()[0]:.1f}), {r['simulated']} "
+              f"finalists simulated; {r['best']}: {r['step_ms']:.4g} ms")
+        for label in sorted(r["phases"], key=list(PHASES).index):
+            print(f"  {label:<34}{r['phases'][label]:7.2f} s")
+        print(f"  {'everything else (search, tuning)':<34}{r['cpu_s'] - r['phases'].get('re-rank: compile + simulate', 0):7.2f} s")
         return
     if args.real:
         _real_rows(max(args.timeout, 900))
