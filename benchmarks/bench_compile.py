@@ -10,8 +10,10 @@ imports a process's first capture makes (torch.export, AOTAutograd: ``import_cap
 before the clock, once per process like importing torch). The model is built on the meta device:
 compiling needs shapes, not weights, so no 1.2 GB of parameters are allocated. Goals: nn.Module to
 actor plan under 2 s for transformers' GPT-2 24 x 1024 (seq 1024) on 2x4, under 3 s for a 32-layer
-Llama; measured on a shared 2-core machine: 2.3-2.6 and 4.2-4.3 CPU s at a load of 3-6, 2.0-2.1 and
-3.2-3.5 at 1.2-1.7 (README has each pass, beside the tree that traced three layers and ranked every op).
+Llama; measured on a shared 2-core machine at a load of 1.7-2.2, fresh processes (median and range of
+CPU s): GPT-2 1.57 (1.52-2.13), Llama 2.81 (2.37-3.19), of which deduction 0.39 and 0.60; the tree
+before deduction's shape and FLOP formulas and plan-free boxing prices: 1.85 and 3.04, deduction 0.67
+and 0.95 (README has each pass).
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2   # transformers' own model, captured at ATen level
