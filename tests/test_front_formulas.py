@@ -3,7 +3,7 @@
 - FLOPs by formula (``ops/aten/flop_formulas.py``: the counter's own formula read on shapes, zero for
   pointwise ops) equal ``torch.utils.flop_counter``'s count of the call, for every op of the captured
   graphs, on its global shapes and on every rank's shards under every n-D signature of a 2x2 mesh;
-  convolutions and batched matmuls (not in these graphs) on a few shapes;
+  convolutions, batched matmuls and ATen's SDPA (not in these graphs) on a few shapes;
 - output shapes by formula (``ops/aten/shape_formulas.py``: broadcasting, mm, views, transpose,
   unsqueeze, expand, sum) equal the meta kernel's, dtypes included, for every op of those graphs on every
   rank's shards under every product of its 1-D signatures on a 2x2 mesh (the candidates listing
@@ -110,6 +110,8 @@ def test_flop_formulas_equal_the_counter_on_every_shard(graph):
      (Slot(0), Slot(1), Slot(2), (2, 2), (1, 1), (1, 1), False, (0, 0), 1)),
     ("aten.convolution.default", [(2, 4, 7, 7), (4, 2, 3, 3), (4,)],
      (Slot(0), Slot(1), Slot(2), (1, 1), (0, 0), (1, 1), False, (0, 0), 2)),
+    ("aten._scaled_dot_product_efficient_attention.default", [(2, 4, 8, 16)] * 3,
+     (Slot(0), Slot(1), Slot(2), None, True)),
 ])
 def test_flop_formulas_of_ops_the_models_lack(name, shapes, args):
     metas = [TensorMeta(s) for s in shapes]

@@ -8,8 +8,8 @@ cost about a millisecond each. So for the families whose formula is known, the s
 called here on the shapes directly:
 
 - the matmul family (mm, bmm, addmm, baddbmm), convolution and attention (sbplab's SDPA op forward
-  and backward, ATen's fused SDPA kernels): the counter's formula for the op, as the counter calls
-  it (these ops are not decomposed first: they have no CompositeImplicitAutograd kernel);
+  and backward, ATen's memory-efficient SDPA forward): the counter's formula for the op, as the
+  counter calls it (these ops are not decomposed first: they have no CompositeImplicitAutograd kernel);
 - pointwise ops: zero, as the counter gives (its table has no elementwise op; a composite pointwise
   op, ``silu_backward``, decomposes into more pointwise ops);
 
@@ -31,14 +31,10 @@ from .calls import fill, overload
 _ON = [True]  # off inside counted_by_torch()
 
 # ops whose counter formula is read on shapes here (each checked against the counter by a test)
+# (the fused kernels' other formulas read more than shapes: those ops go through the counter)
 FORMULA_OPS = frozenset({
     "aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default",
-    "aten.convolution.default",
-    "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_flash_attention.default",
-    "aten._scaled_dot_product_cudnn_attention.default",
-    "aten._scaled_dot_product_efficient_attention_backward.default",
-    "aten._scaled_dot_product_flash_attention_backward.default",
-    "aten._scaled_dot_product_cudnn_attention_backward.default",
+    "aten.convolution.default", "aten._scaled_dot_product_efficient_attention.default",
     "sbplab.scaled_dot_product_attention.default", "sbplab.scaled_dot_product_attention_backward.default",
 })
 
