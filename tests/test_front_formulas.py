@@ -33,10 +33,10 @@ from sbplab.errors import SbplabError
 from sbplab.freeze import freeze, freeze_attrs
 from sbplab.layout import local_block
 from sbplab.ops.aten import opdef
-from sbplab.ops.aten.calls import Slot, call
+from sbplab.ops.aten.calls import Slot, call, overload
 from sbplab.ops.aten.flop_formulas import counted_by_torch, formula_flops
 from sbplab.ops.aten.rules import rule_for
-from sbplab.ops.aten.shape_formulas import kernels_only, output_shapes
+from sbplab.ops.aten.shape_formulas import BROADCAST, kernels_only, output_shapes
 from sbplab.ops.choose import BoxingCost
 from sbplab.ops.registry import (
     LocalContext,
@@ -228,3 +228,34 @@ def test_boxing_prices_without_the_plan_equal_the_plans(shape, mesh):
         assert route_cost(TensorMeta(shape), src, dst, pl) == want, (src, dst)
         priced += want.bytes > 0
     assert priced >= len(layouts)  # many pairs communicate
+
+
+@pytest.mark.parametrize("name", sorted(BROADCAST))
+def test_every_broadcasting_formula_equals_its_kernel(name):
+    """Each op the broadcasting formula answers, the models' or not: called with its schema's tensors
+    (Scalars 2, the rest defaulted) on shapes that broadcast, that are equal, and that do not."""
+    args, n = [], 0
+    for a in overload(name)._schema.arguments:
+        if a.kwarg_only or a.has_default_value():
+            break
+        if str(a.type).startswith("Tensor"):
+            args.append(Slot(n))
+            n += 1
+        else:
+            assert str(a.type) in ("Scalar", "number"), a
+            args.append(2)
+    dt = torch.int64 if name.split(".")[1].startswith(("bitwise", "logical")) else torch.float32
+    dtypes = [torch.bool, dt, dt] if name == "aten.where.self" else [dt] * n
+    attrs = {"args": tuple(args)}
+    refused = 0
+    for shapes in ([(4, 1, 3), (2, 3), (1,)], [(4, 3), (4, 3), (4, 3)], [(4, 3), (2, 3), (3,)]):
+        metas = tuple(TensorMeta(s, d) for s, d in zip(shapes, dtypes))
+        try:
+            want = opdef._infer_kernel(name, metas, freeze_attrs(attrs))
+        except RuntimeError:
+            assert output_shapes(name, metas, attrs) is None
+            refused += 1
+            continue
+        assert output_shapes(name, metas, attrs) is not None
+        assert opdef._infer.__wrapped__(name, metas, freeze_attrs(attrs)) == want
+    assert refused == (n > 1)  # only the shapes that do not broadcast, and only with two tensors or more
