@@ -102,17 +102,24 @@ class _Lowerer:
                 continue
             pl, sbp = self.d.placement[name], self.d.sbp[name]
             stage = self._stage_of_source(name)
-            out[name] = {}
+            ids = out[name] = {}
             stored = self.stored.setdefault(name, {})
-            for r in pl.rank_list:
-                block = self.block(t.shape, pl, sbp, r)
-                n = self.add(rank=r, kind="source", op=t.role, logical=name,
-                             attrs={"block": block, "sbp": sbp}, inputs=(), in_shapes=(),
-                             out_shapes=(tuple(e - s for s, e in block),), out_dtypes=(t.meta.dtype,),
-                             out_sbps=(sbp,), phase="forward", stage=stage,
-                             when="each" if t.role == "input" else "before")
-                out[name][r] = n.id
-                stored[r] = PhysRef(n.id)
+            blocks, role, dtypes, sbps = self.blocks(t.shape, pl, sbp), t.role, (t.meta.dtype,), (sbp,)
+            when = "each" if role == "input" else "before"
+            shapes: dict[tuple, tuple] = {}  # block -> (its shape,): ranks holding alike blocks share it
+            nodes = self.nodes
+            for r in pl.rank_list:  # ``add`` written out: one node per rank of every parameter and state
+                block = blocks.get(r)
+                if block is None:
+                    block = blocks[r] = local_block(t.shape, pl, sbp, r)
+                out_shapes = shapes.get(block)
+                if out_shapes is None:
+                    out_shapes = shapes[block] = (_shape(block),)
+                i = len(nodes)
+                nodes.append(PhysNode(i, r, "source", role, name, {"block": block, "sbp": sbp}, (), (), out_shapes,
+                                      dtypes, sbps, "forward", stage, when))
+                ids[r] = i
+                stored[r] = PhysRef(i)
         return out
 
     def _stage_of_source(self, name: str) -> int:
@@ -144,7 +151,8 @@ class _Lowerer:
         made: dict[int, PhysNode] = {}
         groups = self._groups.setdefault((pl, axis), {})
         src_shapes, dst_shapes = self.lshapes(shape, pl, step.src_sbp), self.lshapes(shape, pl, step.dst_sbp)
-        for r in pl.rank_list:
+        nodes, when, kind, dtypes, sbps = self.nodes, self._when, step.kind, (dtype,), (step.dst_sbp,)
+        for r in pl.rank_list:  # ``add`` written out: a ZeRO step has one such node per rank and parameter
             group = groups.get(r)
             if group is None:
                 group = groups[r] = pl.group_of(r, axis)
@@ -153,12 +161,13 @@ class _Lowerer:
                 src = src_shapes[r] = local_shape(shape, pl, step.src_sbp, r)
             if dst is None:
                 dst = dst_shapes[r] = local_shape(shape, pl, step.dst_sbp, r)
-            made[r] = self.add(
-                rank=r, kind="boxing", op=step.kind, logical=b.tensor,
-                attrs={"mesh_axis": axis, "group": group, "src_sbp": step.src_sbp,
-                       "dst_sbp": step.dst_sbp, "reduce_op": step.reduce_op, "plan_step": step},
-                inputs=(cur[r],), in_shapes=(src,), out_shapes=(dst,), out_dtypes=(dtype,), out_sbps=(step.dst_sbp,),
-                phase=b.phase, stage=b.stage, boxing=b.id, step=k)
+            inputs = (cur[r],)
+            n = made[r] = PhysNode(len(nodes), r, "boxing", kind, b.tensor,
+                                   {"mesh_axis": axis, "group": group, "src_sbp": step.src_sbp,
+                                    "dst_sbp": step.dst_sbp, "reduce_op": step.reduce_op, "plan_step": step},
+                                   inputs, (src,), (dst,), dtypes, sbps, b.phase, b.stage, when(inputs, b.phase),
+                                   boxing=b.id, step=k)
+            nodes.append(n)
         if step.kind_obj.is_collective:
             for grp in step.groups:
                 c = PhysCollective(index=len(self.colls), kind=step.kind, group=tuple(grp), mesh_axis=axis,
