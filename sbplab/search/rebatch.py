@@ -10,7 +10,12 @@ sizes the model wrote into its ops (``view(x, (8, 1024, 768))``, ``expand(m, (8,
 How: every input's leading dim becomes the new batch; in every op's attributes an integer equal to the
 old batch becomes the new one, and where that leaves a size a view cannot take, the leading size is
 scaled instead (``view(x, (8192, 768))`` of 8 x 1024 tokens); then the registry infers every output
-again. Derived only where each output comes out as it was or with one dim scaled by exactly new/old,
+again. A size an output scaled that way (8192 rows) is scaled wherever an attribute names it too, before
+or after (a fused cross entropy's backward expands its gradient to ``(8192,)``, and its rule reads the
+rows from another input, so nothing downstream would notice a stale size): a first pass collects such
+sizes, a second derives with all of them and must collect no more; one also found in a weight's or
+constant's shape could mean either, and is not derived. Derived only where each output comes out as it
+was or with one dim scaled by exactly new/old,
 and every parameter's gradient keeps its shape; anything else (a constant of the batch's size, an input
 whose leading dim is not the batch, a size written as a product the rules cannot read) returns None,
 and the caller captures the model instead. So does a graph with another dim of the batch's size (a size
@@ -34,14 +39,14 @@ from ..ops.registry import TensorMeta, get_op
 VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default")
 
 
-def _swap(v: Any, old: int, new: int) -> Any:
-    """``v`` with every integer equal to ``old`` (not a bool) made ``new``, through tuples and lists."""
+def _swap(v: Any, sizes: dict[int, int]) -> Any:
+    """``v`` with every integer (not a bool) that ``sizes`` names replaced, through tuples and lists."""
     if isinstance(v, bool):
         return v
     if isinstance(v, int):
-        return new if v == old else v
+        return sizes.get(v, v)
     if isinstance(v, (tuple, list)):
-        return type(v)(_swap(x, old, new) for x in v)
+        return type(v)(_swap(x, sizes) for x in v)
     return v
 
 
@@ -57,16 +62,17 @@ def _lead_scaled(attrs: dict, old: int, new: int) -> dict | None:
     return {**attrs, "args": (args[0], size, *args[2:])}
 
 
-def _fits(before: TensorMeta, after: TensorMeta, old: int, new: int) -> bool:
-    """``after`` is ``before``, or ``before`` with one dim scaled by new/old (the batch's, leading or moved
-    by a transpose: a weight's gradient reads ``x.t()``)."""
+def _scaled_dim(before: TensorMeta, after: TensorMeta, old: int, new: int) -> int | None:
+    """-1 where ``after`` is ``before``; the dim's old size where ``after`` is ``before`` with one dim scaled
+    by new/old (the batch's, leading or moved by a transpose: a weight's gradient reads ``x.t()``); else
+    None."""
     if before == after:
-        return True
+        return -1
     b, a = before.shape, after.shape
     if before.dtype != after.dtype or len(a) != len(b):
-        return False
+        return None
     moved = [k for k in range(len(b)) if a[k] != b[k]]
-    return len(moved) == 1 and a[moved[0]] * old == b[moved[0]] * new
+    return b[moved[0]] if len(moved) == 1 and a[moved[0]] * old == b[moved[0]] * new else None
 
 
 def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None:
@@ -78,6 +84,30 @@ def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None
         return None
     if any(old in t.shape[1:] for t in g.tensors.values()):  # another dim of the batch's size (heads = batch):
         return None  # an attribute equal to it could be either, and the checks below could not tell
+    # Sizes that are products of the batch (8 x 1024 rows of a flattened view) are scaled where an op's
+    # output shows them, and an attribute naming one (a fused loss's backward expands its gradient to the
+    # rows) must be scaled too, wherever it comes in the graph: so a first pass collects them, a second
+    # derives with all of them, and the two must agree. A product also found in a weight's or constant's
+    # shape could mean either: not derived.
+    fixed = {d for t in g.tensors.values() if t.producer is None and t.role != "input" for d in t.shape}
+    sizes = {old: new}
+    for _ in range(2):
+        seen = dict(sizes)
+        c = _derive(g, old, new, sizes)
+        if c is None or any(s in fixed for s in sizes if s != old):
+            return None
+        if sizes == seen:
+            break
+    else:
+        return None
+    if any(c.tensors[gr].meta != g.tensors[gr].meta for gr in grads.values()):
+        return None
+    return c
+
+
+def _derive(g: Graph, old: int, new: int, sizes: dict[int, int]) -> Graph | None:
+    """One pass of ``rebatch``: integers in ``sizes`` replaced in every op's attributes; every dim an op's
+    output scaled (its old size, its new) added to ``sizes``."""
     c = g.copy()
     for t in c.tensors.values():
         if t.producer is not None:
@@ -91,7 +121,7 @@ def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None
     for op in c.ops:
         d = get_op(op.type)
         metas = [c.tensors[i].meta for i in op.inputs]
-        tries = [{k: _swap(v, old, new) for k, v in op.attrs.items()}]
+        tries = [{k: _swap(v, sizes) for k, v in op.attrs.items()}]
         if op.type in VIEWS:
             lead = _lead_scaled(op.attrs, old, new)
             if lead is not None and lead != tries[0]:
@@ -101,16 +131,19 @@ def rebatch(g: Graph, grads: dict[str, str], old: int, new: int) -> Graph | None
                 outs = list(d.infer(metas, attrs))
             except Exception:  # noqa: BLE001 - a size these attributes cannot take: try the next reading
                 continue
-            if len(outs) == len(op.outputs) and all(_fits(c.tensors[o].meta, m, old, new)
-                                                    for o, m in zip(op.outputs, outs)):
+            dims = [_scaled_dim(c.tensors[o].meta, m, old, new) for o, m in zip(op.outputs, outs)]
+            if len(outs) == len(op.outputs) and None not in dims:
                 break
         else:
             return None
+        for b in dims:
+            if b is not None and b != -1:
+                a = b * new // old
+                if sizes.setdefault(b, a) != a:
+                    return None
         op.attrs = attrs
         for o, m in zip(op.outputs, outs):
             c.tensors[o].meta = m
-    if any(c.tensors[gr].meta != g.tensors[gr].meta for gr in grads.values()):
-        return None
     return c
 
 
