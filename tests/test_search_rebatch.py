@@ -122,3 +122,27 @@ def test_a_graph_with_another_dim_of_the_batchs_size_is_captured_again(batch, de
     half = space.graph(2)
     assert space.captures.derived == derived
     _same(half, trace_training_graph(m, (x,), torch.nn.functional.mse_loss, y, 2, opt, capture="aten"))
+
+
+class _Rows(torch.nn.Module):
+    """Flattens the batch into rows (B x 3) and has a weight with a dim of 12, the rows of 4 samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, 6)
+        rows = self.fc(x.reshape(-1, 6))  # (B * 3, 12)
+        return rows.reshape(x.shape[0], -1).sum(dim=1)  # (B,)
+
+
+@pytest.mark.parametrize("batch, derived", [(4, 0), (8, 1)])  # 4 x 3 rows = the weight's 12: could be either
+def test_a_product_of_the_batch_also_in_a_weights_shape_is_captured_again(batch, derived):
+    m = _Rows()
+    x, y = torch.randn(batch, 3, 6), torch.randn(batch)
+    opt = as_optimizer(None)
+    space = Space(m, (x,), torch.nn.functional.mse_loss, y, opt, sl.Hardware.cpu_box(), capture="aten")
+    space.graph(1)
+    half = space.graph(2)
+    assert space.captures.derived == derived
+    _same(half, trace_training_graph(m, (x,), torch.nn.functional.mse_loss, y, 2, opt, capture="aten"))
