@@ -24,6 +24,11 @@ micro-batch graphs (in brackets): GPT-2 small 14.2 and 16.7 s of CPU [19.8, 20.7
 clock [47, 55], 0.71 GB [0.73], 6 finalists simulated and 3 skipped; the 16-layer GPT on 64, 70.7 and
 81.7 s of CPU [76.1, 82.5], 139 s of wall clock [160, 137], 1.93 GB [1.95], 10 simulated and 4 skipped.
 The same winners. Idle, the search before took 15.5 s (GPT-2) and 57.7 s (64 devices).
+Later, at a load of 2-4, with the tree before a bucket's layout was made once per group and the simulator's
+rank classes sorted once per group (in brackets; sources and axis steps expanded directly came after): GPT-2
+small 16.7 and 20.5 s of CPU [18.8, 21.7], 0.78 GB, ZeRO-3 x8 at 24.26 ms both; the 16-layer GPT on 64, 63.2
+and 58.7 s [54.0, 68.4], 1.86 GB, data parallel at 51.72 ms both: the machine's noise is larger than the
+change, which ``--phases`` shows pass by pass (README). Both goals are still missed.
 """
 
 from __future__ import annotations
