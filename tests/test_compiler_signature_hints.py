@@ -211,3 +211,23 @@ def test_single_device_strategy_accepts_a_forced_signature(mlp):
     st = Strategy(as_mesh(1), name="single").signature("head", "(B), (B), (B) -> (B)")
     c = _compile(mlp, st)
     assert c.deduction.choices["head"].reason == "forced by signature hint 'head'"
+
+
+def test_exact_names_are_looked_up_and_globs_scanned_alike(gpt):
+    """A search result names thousands of ops exactly (``escape``): the report looks each up instead of
+    matching it against every op, and finds what ``fnmatch`` finds, globs and bracketed names included."""
+    import fnmatch
+
+    from sbplab.compiler import from_torch
+    from sbplab.compiler.deduction.strategy import _literal
+
+    m, xs, y = gpt
+    g = from_torch(m, xs, m.loss_fn, y)
+    names = [op.name for op in g.ops]
+    patterns = [escape(n) for n in names[:40]] + [escape("x[0]*?"), "blocks.*", "*.mm_?", "[bh]*", "nothing"]
+    st = Strategy(as_mesh(2))
+    for p in patterns:
+        st.signature(p, "B -> B")
+    report = st.match_report(g)
+    assert [hits for _, hits in report.signatures] == [[n for n in names if fnmatch.fnmatchcase(n, p)] for p in patterns]
+    assert _literal(escape("x[0]*?")) == "x[0]*?" and _literal("blocks.*") is None and _literal("[bh]x") is None

@@ -221,7 +221,17 @@ class Strategy:
                                 source=rule.describe()) for h in use.hints]
         matches += [HintMatch(h, self._targets(graph, h, by_role, positions), source="user" if h.required else "preset")
                     for h in self.hints]
-        sigs = [(h, [op.name for op in graph.ops if fnmatch.fnmatchcase(op.name, h.pattern)]) for h in self.signatures]
+        names = [op.name for op in graph.ops]
+        known = set(names)
+
+        def named(pattern: str) -> list[str]:  # a search result's thousands of exact names: looked up, not scanned
+            name = _literal(pattern)
+            if name is not None:
+                return [name] if name in known else []
+            match = _glob(pattern)
+            return [n for n in names if match(n)]
+
+        sigs = [(h, named(h.pattern)) for h in self.signatures]
         return HintReport(self.name, matches, uses, sigs)
 
     def _say(self, report: HintReport) -> None:
@@ -377,6 +387,25 @@ def _positions(by_role: dict[str | None, list[str]], role: str | None, cache: di
 
 
 @lru_cache(maxsize=1024)
+def _literal(pattern: str) -> str | None:
+    """The one name a glob without wildcards matches (``signature_hints.escape``'s ``[*]``, ``[?]`` and ``[[]``
+    read back), or None for a glob with a wildcard or any other bracket."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c in "*?":
+            return None
+        if c == "[":
+            if pattern[i + 1:i + 2] in ("*", "?", "[") and pattern[i + 2:i + 3] == "]":
+                out.append(pattern[i + 1])
+                i += 3
+                continue
+            return None
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _glob(pattern: str) -> Callable[[str], object]:
     """A compiled matcher for a glob (``fnmatch.fnmatchcase`` without its per-call overhead)."""
     return re.compile(fnmatch.translate(pattern)).match
