@@ -9,15 +9,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
-from tiny_hf import tiny_hf
+from tiny_hf import tiny_hf_training_graph
 
 import sbplab as sl
 from sbplab.compiler.deduction.caches import clear_caches
 from sbplab.compiler.deduction.deduce import deduce
 from sbplab.compiler.deduction.layers import every_layer_ranked
-from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss
-from sbplab.compiler.training.training_graph import aten_training_graph
 
 tf = pytest.importorskip("transformers")
 LAYERS = 5
@@ -33,12 +30,7 @@ STRATEGIES = {
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def graph(request):
     """The training graph of a five-layer model (the vocabulary-sharded loss, as dp_tp compiles it)."""
-    with torch.device("meta"):
-        ids = torch.zeros(4, 8, dtype=torch.int64)
-    with warnings.catch_warnings(), sharded_loss(True):
-        warnings.simplefilter("ignore")
-        return aten_training_graph(tiny_hf(request.param, LAYERS), {"input_ids": ids, "labels": ids}, None, None, 1,
-                                   sl.Adam(lr=1e-3))
+    return tiny_hf_training_graph(request.param, LAYERS)
 
 
 def _record(d) -> tuple:

@@ -21,14 +21,12 @@ from collections import Counter
 
 import pytest
 import torch
-from tiny_hf import tiny_hf
+from tiny_hf import tiny_hf_training_graph
 from torch.utils.flop_counter import FlopCounterMode
 
 import sbplab as sl
 from sbplab.boxing import plan_boxing
 from sbplab.compiler.deduction.deduce import deduce, route_cost
-from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss
-from sbplab.compiler.training.training_graph import aten_training_graph
 from sbplab.errors import SbplabError
 from sbplab.freeze import freeze, freeze_attrs
 from sbplab.layout import local_block
@@ -55,12 +53,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def graph(request):
-    with torch.device("meta"):
-        ids = torch.zeros(4, 8, dtype=torch.int64)
-    with warnings.catch_warnings(), sharded_loss(True):
-        warnings.simplefilter("ignore")
-        return aten_training_graph(tiny_hf(request.param, 3), {"input_ids": ids, "labels": ids}, None, None, 1,
-                                   sl.Adam(lr=1e-3))
+    return tiny_hf_training_graph(request.param, 3)
 
 
 def _counted(name: str, metas, attrs: dict) -> int:

@@ -22,3 +22,20 @@ def tiny_hf(kind: str, layers: int, **extra) -> torch.nn.Module:
         cls = tf.LlamaForCausalLM
     with torch.device("meta"):
         return cls(cfg).train()
+
+
+def tiny_hf_training_graph(kind: str, layers: int):
+    """The ATen training graph (Adam) of ``tiny_hf(kind, layers)`` on a (4, 8) batch, with the loss on
+    vocabulary shards as a dp_tp strategy compiles it."""
+    import warnings
+
+    import sbplab as sl
+    from sbplab.compiler.frontend.vocab_cross_entropy import sharded_loss
+    from sbplab.compiler.training.training_graph import aten_training_graph
+
+    with torch.device("meta"):
+        ids = torch.zeros(4, 8, dtype=torch.int64)
+    with warnings.catch_warnings(), sharded_loss(True):
+        warnings.simplefilter("ignore")
+        return aten_training_graph(tiny_hf(kind, layers), {"input_ids": ids, "labels": ids}, None, None, 1,
+                                   sl.Adam(lr=1e-3))
