@@ -90,7 +90,7 @@ def traced_steps(name: str, metas: list[TensorMeta], attrs: dict) -> Traced:
 def _trace(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> Traced:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from ..compiler.frontend.vocab_cross_entropy import capture_mode
+    from ..ops.aten.cross_entropy_rows import PlainCrossEntropy, fused_cross_entropy
     from ..ops.aten.decompositions import decompositions
 
     call = TORCH_CALLS[name]
@@ -98,7 +98,7 @@ def _trace(name: str, metas: tuple[TensorMeta, ...], frozen: tuple) -> Traced:
     ins = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas]
     try:
         fn = call.make(attrs)
-        with capture_mode():  # the capture's own form of F.cross_entropy (the fused one)
+        with PlainCrossEntropy(fused_cross_entropy):  # the capture's form of F.cross_entropy (vocabulary whole)
             gm = make_fx(lambda *xs: fn(*xs), decomposition_table=decompositions())(*ins)  # F.* take defaults
     except KeyError as e:
         raise InputError(f"{name}: needs attr {e.args[0]!r} ({name} takes inputs {call.inputs} and attrs "

@@ -26,17 +26,20 @@ logits rather than torch's three). Only the plain call is rewritten: class indic
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
 
 import torch
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ...ops.aten.cross_entropy_rows import cross_entropy_rows
+from ...ops.aten.cross_entropy_rows import (
+    PlainCrossEntropy,
+    fp32_under_autocast,
+    fused_cross_entropy,
+    reduce_rows,
+)
 from ...ops.aten.vocab_parallel import log_saving_output, pick_logit
 
-REDUCTIONS = ("mean", "sum", "none")
 _SHARDED: ContextVar[bool] = ContextVar("sbplab_sharded_loss", default=False)
 
 
@@ -61,64 +64,13 @@ def capture_mode() -> TorchFunctionMode:
     return PlainCrossEntropy(cross_entropy if _SHARDED.get() else fused_cross_entropy)
 
 
-def _plain(args: tuple, kwargs: dict) -> bool:
-    """Whether a ``F.cross_entropy`` call is one this formulation computes exactly."""
-    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
-    call = dict(zip(names, args)) | kwargs
-    x, t = call.get("input"), call.get("target")
-    if not isinstance(x, torch.Tensor) or not isinstance(t, torch.Tensor):
-        return False
-    return (x.dim() == 2 and x.dtype.is_floating_point and t.dim() == 1 and not t.dtype.is_floating_point
-            and call.get("weight") is None and call.get("size_average") is None and call.get("reduce") is None
-            and call.get("reduction", "mean") in REDUCTIONS and not call.get("label_smoothing", 0.0)
-            and isinstance(call.get("ignore_index", -100), int))
-
-
-def _reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Per-row losses (N,) reduced as torch's ``reduction``; the mean is over the targets not ignored (nan
-    when there are none, as torch's)."""
-    if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    return loss.sum() / valid.sum()
-
-
-def _fp32_under_autocast(input: torch.Tensor) -> torch.Tensor:
-    if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
-        return input.float()  # autocast runs torch's cross entropy in fp32: so does this one
-    return input
-
-
-def fused_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
-                        ignore_index: int = -100, reduce=None, reduction: str = "mean",
-                        label_smoothing: float = 0.0) -> torch.Tensor:
-    """``F.cross_entropy(input (N, V), target (N,))`` by rows, with the fused backward."""
-    valid = (target != ignore_index).to(input.dtype)  # (N,)
-    return _reduce(cross_entropy_rows(_fp32_under_autocast(input), target, ignore_index), valid, reduction)
-
-
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
                   ignore_index: int = -100, reduce=None, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> torch.Tensor:
     """``F.cross_entropy(input (N, V), target (N,))`` as a log-sum-exp minus the target's logit."""
-    input = _fp32_under_autocast(input)
+    input = fp32_under_autocast(input)
     m = torch.amax(input, dim=1, keepdim=True).detach()  # (N, 1)  a shift: the loss does not depend on it
     z = torch.exp(input - m).sum(dim=1)  # (N,)
     valid = (target != ignore_index).to(input.dtype)  # (N,)
     loss = (log_saving_output(z) + m.squeeze(1) - pick_logit(input, target)) * valid  # (N,)
-    return _reduce(loss, valid, reduction)
-
-
-class PlainCrossEntropy(TorchFunctionMode):
-    """While active, plain ``F.cross_entropy`` calls run ``form`` (one of the two above: the capture holds it)."""
-
-    def __init__(self, form: Callable[..., torch.Tensor]) -> None:
-        super().__init__()
-        self.form = form
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.cross_entropy and _plain(args, kwargs):
-            return self.form(*args, **kwargs)
-        return func(*args, **kwargs)
+    return reduce_rows(loss, valid, reduction)

@@ -13,12 +13,18 @@ torch's own kernels), and one rule covers both: rows split together (``family_nn
     rows = cross_entropy_rows(x, target, ignore_index)   # (N, C), (N,) -> (N,)  S(0), S(0) -> S(0)
     loss = rows.sum() / (target != ignore_index).sum()   # torch's mean, over the targets not ignored
 
-A row whose target is ``ignore_index`` has loss 0 and gradient 0, as torch's.
+A row whose target is ``ignore_index`` has loss 0 and gradient 0, as torch's. ``fused_cross_entropy`` is
+``F.cross_entropy`` written so; ``PlainCrossEntropy`` is the torch-function mode under which a trace (the
+capture, eager ``sl.apply``) records it for every plain ``F.cross_entropy`` call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 LIB = __name__
 
@@ -85,3 +91,59 @@ def _backward(ctx, grad):
 
 
 cross_entropy_rows.register_autograd(_backward, setup_context=_setup)
+
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _plain(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``F.cross_entropy`` call is a plain one: class indices, classes in dim 1 of 2-D logits, no class
+    weights, no label smoothing (the calls both forms, this one and the vocabulary-sharded one, compute exactly)."""
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+    call = dict(zip(names, args)) | kwargs
+    x, t = call.get("input"), call.get("target")
+    if not isinstance(x, torch.Tensor) or not isinstance(t, torch.Tensor):
+        return False
+    return (x.dim() == 2 and x.dtype.is_floating_point and t.dim() == 1 and not t.dtype.is_floating_point
+            and call.get("weight") is None and call.get("size_average") is None and call.get("reduce") is None
+            and call.get("reduction", "mean") in REDUCTIONS and not call.get("label_smoothing", 0.0)
+            and isinstance(call.get("ignore_index", -100), int))
+
+
+def reduce_rows(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Per-row losses (N,) reduced as torch's ``reduction``; the mean is over the targets not ignored (nan
+    when there are none, as torch's)."""
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / valid.sum()
+
+
+def fp32_under_autocast(input: torch.Tensor) -> torch.Tensor:
+    if input.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(input.device.type):
+        return input.float()  # autocast runs torch's cross entropy in fp32: so does this one
+    return input
+
+
+def fused_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,  # noqa: A002
+                        ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                        label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(input (N, V), target (N,))`` by rows, with the fused backward."""
+    valid = (target != ignore_index).to(input.dtype)  # (N,)
+    return reduce_rows(cross_entropy_rows(fp32_under_autocast(input), target, ignore_index), valid, reduction)
+
+
+class PlainCrossEntropy(TorchFunctionMode):
+    """While active, plain ``F.cross_entropy`` calls run ``form``: ``fused_cross_entropy`` or the capture's form for
+    vocabulary shards (``compiler/frontend/vocab_cross_entropy.py``); a trace then holds it."""
+
+    def __init__(self, form: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.form = form
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.cross_entropy and _plain(args, kwargs):
+            return self.form(*args, **kwargs)
+        return func(*args, **kwargs)
