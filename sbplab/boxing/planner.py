@@ -159,3 +159,19 @@ def plan_boxing(shape: Iterable[int], src_sbp: SbpLike, dst_sbp: SbpLike, placem
     steps.append(_move_step(shape, x, y, placement, dst_pl, itemsize, hardware))
     steps += _axis_steps(shape, y, after, dst_pl, itemsize, hardware, note=" (after the move)")
     return BoxingPlan(shape, dtype, placement, dst_pl, src, dst, tuple(steps), hardware)
+
+
+def boxing_cost(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, placement: Placement, dtype: torch.dtype,
+                hardware: Hardware | None = None) -> tuple[float, int, int]:
+    """(seconds, bytes sent, steps) of ``plan_boxing(shape, src, dst, placement, dtype=dtype,
+    hardware=hardware)`` without making the plan: the same checks, route and step costs, summed in step
+    order as the plan sums them (equal to the last bit). For callers that price many boxings and keep
+    few: deduction ranks several targets per input and plans only the one it chooses."""
+    hw = hardware if hardware is not None else _default_hardware(placement.device_type)
+    for nd, what in ((src, "src_sbp"), (dst, "dst_sbp")):
+        check_layout(shape, placement, nd, what=f"plan_boxing: {what}", dtype=dtype)
+    size = dtype.itemsize
+    route = find_route(shape, src, dst, placement.shape, size, hw)
+    costs = [edge_cost(shape, placement.shape, s, axis, new, size, hw)
+             for (axis, new), s in zip(route.hops, apply_hops(src, route.hops))]
+    return float(sum(c.time_s for c in costs)), int(sum(sum(c.sent) for c in costs)), len(costs)

@@ -25,9 +25,8 @@ import difflib
 from collections.abc import Callable
 
 from ...boxing import BoxingPlan, plan_boxing
-from ...boxing.costs import edge_cost
-from ...boxing.planner import _default_hardware
-from ...boxing.route import BoxingError, apply_hops, find_route
+from ...boxing.planner import boxing_cost
+from ...boxing.route import BoxingError
 from ...fmt import fmt_time
 from ...gc_pause import without_gc
 from ...hardware import Hardware
@@ -180,18 +179,8 @@ class Deduction:
 
 
 def route_cost(m: TensorMeta, src: NdSbp, dst: NdSbp, pl: Placement, hardware: Hardware | None = None) -> BoxingCost:
-    """``BoxingCost.of(plan_boxing(m.shape, src, dst, pl, dtype=m.dtype, hardware=hardware))`` without
-    making the plan: the planner's route and each step's cost, summed in step order as the plan sums
-    them (equal to the last bit). Ranking prices several targets per input and keeps one; only the
-    boxings deduction makes are planned."""
-    hw = hardware if hardware is not None else _default_hardware(pl.device_type)
-    for nd, what in ((src, "src_sbp"), (dst, "dst_sbp")):
-        check_layout(m.shape, pl, nd, what=f"plan_boxing: {what}", dtype=m.dtype)
-    size = m.dtype.itemsize
-    route = find_route(m.shape, src, dst, pl.shape, size, hw)
-    steps = [edge_cost(m.shape, pl.shape, s, axis, new, size, hw)
-             for (axis, new), s in zip(route.hops, apply_hops(src, route.hops))]
-    return BoxingCost(float(sum(c.time_s for c in steps)), int(sum(sum(c.sent) for c in steps)), len(steps))
+    """``BoxingCost.of(plan_boxing(...))`` without making the plan (``boxing.planner.boxing_cost``)."""
+    return BoxingCost(*boxing_cost(m.shape, src, dst, pl, m.dtype, hardware))
 
 
 def is_local_change(src: NdSbp, dst: NdSbp) -> bool:

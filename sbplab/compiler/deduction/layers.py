@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 
+from ...shortcut import Shortcut
 from ..ir import Graph, OpNode
-from ..shortcut import Shortcut
 
 TWINS = Shortcut()  # off: every op ranks its own signatures, none copied from a twin
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..shortcut import Shortcut
+from ...shortcut import Shortcut
 from .layer_repeat import (
     CopiedNode,
     RepeatedLayers,

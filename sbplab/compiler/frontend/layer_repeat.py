@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from ..shortcut import Shortcut
+from ...shortcut import Shortcut
 
 MIN_LAYERS = 5  # below this a whole capture costs about as much as three layers and the checks
 KEPT = 3  # layers captured: the first, one middle layer (the template), the last

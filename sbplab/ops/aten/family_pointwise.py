@@ -11,6 +11,22 @@ from numbers import Number
 from ...sbp import Partial
 from ._common import B, P, S, Signature, TensorMeta, arg, sig
 
+# the ops declared pointwise by name (torch's pointwise tag covers the rest; rules.py)
+POINTWISE_OPS = tuple(f"aten.{n}" for n in (
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar",
+    "div.Scalar", "neg.default", "clone.default", "alias.default", "detach.default", "_to_copy.default",
+    "where.self", "masked_fill.Scalar", "masked_fill.Tensor", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+    "rsqrt.default", "sqrt.default", "exp.default", "log.default", "tanh.default", "tanh_backward.default",
+    "gelu.default", "gelu_backward.default", "silu.default", "silu_backward.default", "relu.default",
+    "threshold_backward.default", "sigmoid.default", "sigmoid_backward.default", "sin.default",
+    "cos.default", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar", "lt.Tensor", "lt.Scalar",
+    "le.Tensor", "le.Scalar", "gt.Tensor", "gt.Scalar", "ge.Tensor", "ge.Scalar", "bitwise_and.Tensor",
+    "bitwise_or.Tensor", "bitwise_not.default", "logical_not.default", "logical_and.default",
+    "floor_divide.default", "remainder.Scalar", "abs.default", "clamp.default", "maximum.default",
+    "minimum.default", "reciprocal.default", "erf.default", "zeros_like.default", "ones_like.default",
+    "empty_like.default", "full_like.default", "fill.Scalar", "native_dropout_backward.default",
+))
+
 # how each linear op passes P: "all" inputs P together, "one" P input with the others B (mul),
 # "first" only the first input (div), "values" every input but the first (where's condition stays B)
 LINEAR = {

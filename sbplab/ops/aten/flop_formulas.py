@@ -20,15 +20,16 @@ the formulas off, so a test compares both on every op of the real-model corpus.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
 
+from ...shortcut import Shortcut
 from ..registry import TensorMeta
 from .calls import fill, overload
 
-_ON = [True]  # off inside counted_by_torch()
+FLOP_FORMULAS = Shortcut()  # off inside counted_by_torch()
 
 # ops whose counter formula is read on shapes here (each checked against the counter by a test)
 # (the fused kernels' other formulas read more than shapes: those ops go through the counter)
@@ -39,15 +40,10 @@ FORMULA_OPS = frozenset({
 })
 
 
-@contextlib.contextmanager
-def counted_by_torch() -> Iterator[None]:
+def counted_by_torch() -> contextlib.AbstractContextManager[None]:
     """Inside this block every op's FLOPs come from running it under torch's ``FlopCounterMode`` (the
     reference the formulas are tested against). Cached answers are kept: clear ``opdef._flops``."""
-    before, _ON[0] = _ON[0], False
-    try:
-        yield
-    finally:
-        _ON[0] = before
+    return FLOP_FORMULAS.off()
 
 
 @lru_cache(maxsize=1024)
@@ -69,7 +65,7 @@ def formula_flops(name: str, family: str, metas: Sequence[TensorMeta], attrs: di
                   outs: Callable[[], Sequence[TensorMeta]]) -> int | None:
     """FLOPs of op ``name`` (rule family ``family``) on inputs ``metas`` by formula, or None where only
     the counter knows. ``outs()`` gives the output metas (convolution's formula reads its output shape)."""
-    if not _ON[0]:
+    if not FLOP_FORMULAS.on:
         return None
     if family == "pointwise":
         return 0

@@ -27,7 +27,7 @@ from . import family_shape as sh
 from . import vocab_parallel as vp
 from ._common import arg, norm_dim, sized
 from .calls import overload
-from .family_pointwise import pointwise_signatures, triangle_signatures
+from .family_pointwise import POINTWISE_OPS, pointwise_signatures, triangle_signatures
 
 SigFn = Callable[[str, list[TensorMeta], list[TensorMeta], dict], list[Signature]]
 LocalizeFn = Callable[[dict, LocalContext], dict]
@@ -107,20 +107,7 @@ def _ops(*names: str) -> list[str]:
 
 
 # --- pointwise (torch's pointwise tag covers the rest) ------------------------------------------
-declare("pointwise", _ops(
-    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar",
-    "div.Scalar", "neg.default", "clone.default", "alias.default", "detach.default", "_to_copy.default",
-    "where.self", "masked_fill.Scalar", "masked_fill.Tensor", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
-    "rsqrt.default", "sqrt.default", "exp.default", "log.default", "tanh.default", "tanh_backward.default",
-    "gelu.default", "gelu_backward.default", "silu.default", "silu_backward.default", "relu.default",
-    "threshold_backward.default", "sigmoid.default", "sigmoid_backward.default", "sin.default",
-    "cos.default", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar", "lt.Tensor", "lt.Scalar",
-    "le.Tensor", "le.Scalar", "gt.Tensor", "gt.Scalar", "ge.Tensor", "ge.Scalar", "bitwise_and.Tensor",
-    "bitwise_or.Tensor", "bitwise_not.default", "logical_not.default", "logical_and.default",
-    "floor_divide.default", "remainder.Scalar", "abs.default", "clamp.default", "maximum.default",
-    "minimum.default", "reciprocal.default", "erf.default", "zeros_like.default", "ones_like.default",
-    "empty_like.default", "full_like.default", "fill.Scalar", "native_dropout_backward.default",
-), pointwise_signatures, note="broadcasting dims split together; linear ops pass P")
+declare("pointwise", POINTWISE_OPS, pointwise_signatures, note="broadcasting dims split together; linear ops pass P")
 declare("random", rnd.RANDOM_OPS, rnd.random_signatures, rnd.random_localize,
         note="each op its own stream, drawn over the global shape: every strategy the same numbers")
 

@@ -20,37 +20,28 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
+from ...shortcut import Shortcut
 from ..registry import TensorMeta
 from ._common import arg
+from .family_pointwise import POINTWISE_OPS
 
-_ON = [True]
+SHAPE_FORMULAS = Shortcut()  # off inside kernels_only()
 
 Shapes = list[tuple[int, ...]]
 
-BROADCAST = frozenset(f"aten.{n}" for n in (
-    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar",
-    "div.Scalar", "neg.default", "clone.default", "_to_copy.default", "where.self", "pow.Tensor_Scalar",
-    "pow.Tensor_Tensor", "rsqrt.default", "sqrt.default", "exp.default", "log.default", "tanh.default",
-    "tanh_backward.default", "gelu.default", "gelu_backward.default", "silu.default", "silu_backward.default",
-    "relu.default", "threshold_backward.default", "sigmoid.default", "sigmoid_backward.default", "sin.default",
-    "cos.default", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar", "lt.Tensor", "lt.Scalar", "le.Tensor",
-    "le.Scalar", "gt.Tensor", "gt.Scalar", "ge.Tensor", "ge.Scalar", "bitwise_and.Tensor", "bitwise_or.Tensor",
-    "bitwise_not.default", "logical_not.default", "logical_and.default", "reciprocal.default", "erf.default",
-    "abs.default", "maximum.default", "minimum.default",
-))
+# every op declared pointwise but those whose output is their first input's shape whatever the others' (a
+# mask broadcast into it), or whose validity depends on more than shapes (clamp needs a bound; a dropout's
+# backward a scale): those run the kernel
+BROADCAST = frozenset(POINTWISE_OPS) - {"aten.masked_fill.Scalar", "aten.masked_fill.Tensor",
+                                         "aten.clamp.default", "aten.native_dropout_backward.default"}
 
 
-@contextlib.contextmanager
-def kernels_only() -> Iterator[None]:
+def kernels_only() -> contextlib.AbstractContextManager[None]:
     """Inside this block every output shape comes from the meta kernel (the reference the formulas are
     tested against). Cached answers are kept: clear ``opdef._infer``."""
-    before, _ON[0] = _ON[0], False
-    try:
-        yield
-    finally:
-        _ON[0] = before
+    return SHAPE_FORMULAS.off()
 
 
 def _broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -175,7 +166,7 @@ def same_dtype(name: str) -> bool:
 
 def output_shapes(name: str, metas: Sequence[TensorMeta], attrs: dict) -> Shapes | None:
     """The output shapes of op ``name`` on inputs ``metas``, or None: run the meta kernel."""
-    if not _ON[0] or "op" in attrs:  # a localized call that swaps the overload: the kernel decides
+    if not SHAPE_FORMULAS.on or "op" in attrs:  # a localized call that swaps the overload: the kernel decides
         return None
     shapes = [m.shape for m in metas]
     if name in BROADCAST:

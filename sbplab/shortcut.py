@@ -1,7 +1,8 @@
-"""A shortcut the compiler takes by default, and the switch that turns it off.
+"""A shortcut sbplab takes by default, and the switch that turns it off.
 
-Identical layers captured from two of them, or deduced once, are shortcuts: tests and benchmarks
-measure each against the long way it replaces, inside ``with SHORTCUT.off():``.
+Identical layers captured from two of them or deduced once, shapes and FLOPs by formula instead of a
+meta kernel: each is a shortcut, and tests and benchmarks measure it against the long way it replaces,
+inside ``with SHORTCUT.off():``.
 """
 
 from __future__ import annotations
