@@ -123,6 +123,15 @@ class RankPlan:
         actors = self.actors
         return [actors[i] for i in self.comm_positions]
 
+    def comm_items(self) -> list[tuple[int, Actor]]:
+        """(position, actor) of each communication actor, in order."""
+        actors = self.actors
+        return [(i, actors[i]) for i in self.comm_positions]
+
+    @property
+    def n_actors(self) -> int:
+        return len(self.actors)
+
     def dump(self) -> str:
         return "\n".join([f"rank {self.rank}:"] + ["  " + describe(a) for a in self.actors])
 

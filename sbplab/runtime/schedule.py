@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .firing import FiringGraph, ReadyQueue
+from .schedule_classes import derive_by_class
 from .schedule_uniform import derive_from_one, uniform_rank
 from .specs import PlanError
 
@@ -30,14 +31,17 @@ def derive_comm_order(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:
     ``order``, its index on its rank): each rank's compute lane fires its lowest ready priority (in a
     pipeline, within what the rank's schedule allows), and communication that became complete in the
     same tick is issued lowest priority (then match key) first. Where every rank runs the
-    same actors (``schedule_uniform``), one rank is simulated and the same order rebuilt from it.
+    same actors (``schedule_uniform``), one rank is simulated and the same order rebuilt from it; where
+    they are a few classes that move in lockstep (a pipeline's stages: ``schedule_classes``), one rank
+    per class.
     """
     rep = uniform_rank(plan)
     if rep is not None:
         order = derive_from_one(plan, rep, steps)
         if order is not None:
             return order
-    return derive_all(plan, steps)
+    order = derive_by_class(plan, steps)
+    return order if order is not None else derive_all(plan, steps)
 
 
 def derive_all(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...]:

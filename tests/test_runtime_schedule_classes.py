@@ -1,0 +1,76 @@
+"""Deriving the communication order from one rank per class gives the full simulation's order, slot for slot.
+
+Pipelines with data or tensor parallelism inside their stages have a few classes of ranks (one per stage)
+that move in lockstep; ``derive_comm_order`` then simulates one rank per class (``schedule_classes``).
+Here that order is compared with the simulation of every rank (``derive_all``): several schedules,
+micro-batch counts, steps, idle ranks; and ranks made different must not share a class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from sbplab.compiler import SGD, Adam, compile, presets
+from sbplab.models import GPT, MLP, GPTConfig, MLPConfig
+from sbplab.runtime.actor_plan import ActorPlan, RankPlan
+from sbplab.runtime.schedule import derive_all
+from sbplab.runtime.schedule_classes import _Comms, derive_by_class, rank_classes
+
+
+def _gpt(strategy, optimizer, heads=2):
+    m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=heads, n_embd=16))
+    x = torch.randint(0, 32, (8, 8))
+    return compile(m, (x,), loss_fn=GPT.loss_fn, target=x, optimizer=optimizer, strategy=strategy)
+
+
+def _mlp(strategy, optimizer):
+    m = MLP(MLPConfig(in_dim=8, width=16, hidden=32, n_blocks=3, n_classes=4))
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    return compile(m, (x,), loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=optimizer, strategy=strategy)
+
+
+def _classes(plan):
+    busy = [r for r, rp in plan.ranks.items() if rp.n_actors]
+    cls = rank_classes(plan, busy, _Comms(plan, busy))
+    return len(set(cls.values())), len(busy)
+
+
+PIPES = [
+    ("mlp 2 stages x dp2, 4 micro", lambda: _mlp(presets.pipeline(2, 4, 2, inner="dp"), Adam(lr=1e-3)), 2),
+    ("gpt 2 stages x dp2, 2 micro", lambda: _gpt(presets.pipeline(2, 2, 2, inner="dp"), Adam(lr=1e-3)), 2),
+    ("gpt 2 stages x tp2, 4 micro", lambda: _gpt(presets.pipeline(2, 4, 2, inner="tp"), SGD(lr=1e-2)), 2),
+    ("mlp 4 stages x dp2 gpipe", lambda: _mlp(presets.pipeline(4, 4, 2, inner="dp", schedule="gpipe"), SGD(lr=1e-2)),
+     4),
+]
+
+
+@pytest.mark.parametrize("name,make,stages", PIPES, ids=[p[0] for p in PIPES])
+def test_one_rank_per_class_gives_the_order_of_all(name, make, stages):
+    step = make()
+    for kw in ({}, {"world_size": step.plan().world_size + 1}):
+        plan = step.plan(**kw)
+        n_cls, n_busy = _classes(plan)
+        assert n_cls == stages < n_busy
+        full = derive_all(plan)
+        assert len(full) > 0
+        assert derive_by_class(plan) == full == plan.comm_order
+    plan = step.plan()
+    assert derive_by_class(plan, steps=2) == derive_all(plan, steps=2)
+
+
+def test_ranks_made_different_leave_their_class():
+    plan = _mlp(presets.pipeline(2, 4, 2, inner="dp"), SGD(lr=1e-2)).plan()
+    assert _classes(plan) == (2, 4)
+    # one actor on rank 1 keeps another register count: it no longer moves with its stage's other rank
+    actors = list(plan.ranks[1].actors)
+    i = next(i for i, a in enumerate(actors) if a.lane != "comm" and a.scope == "micro")
+    actors[i] = dataclasses.replace(actors[i], registers=actors[i].registers + 1)
+    ranks = {r: plan.ranks[r] if r != 1 else RankPlan(1, actors, plan.ranks[1].schedule) for r in plan.ranks}
+    changed = ActorPlan(plan.world_size, ranks, micro_batches=plan.micro_batches)
+    assert _classes(changed)[0] > 2
+    got = derive_by_class(changed)
+    assert got is None or got == derive_all(changed)
+    assert changed.comm_order == derive_all(changed)
