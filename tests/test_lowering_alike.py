@@ -118,3 +118,38 @@ def test_a_member_unlike_its_representative_is_lowered_alone():
     assert_same_plan(grouped, alone)
     assert all(2 not in ms for ms in grouped.alike.values())
     assert sorted(m for ms in grouped.alike.values() for m in ms) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("name,make", [(c[0], c[1]) for c in CASES[1:]], ids=[c[0] for c in CASES[1:]])
+def test_members_kernels_are_made_when_asked(name, make):
+    """A member of a group keeps its plain kernels unmade (``LazyRankPlan``) through the plan's checks, its
+    communication order and a simulation, which predicts what the plan lowered rank by rank predicts; asked for,
+    pickled for a worker or replaced, the rank is whole and equal to the one lowered on its own."""
+    import pickle
+
+    from sbplab.runtime.actor_plan import LazyRankPlan, RankPlan
+
+    step = make()
+    grouped = lower_to_actors(step.physical, step.graph, outputs=True)
+    alone = lower_to_actors(step.physical, step.graph, outputs=True, by_group=False)
+    lazy = [r for r, rp in grouped.ranks.items() if isinstance(rp, LazyRankPlan)]
+    assert lazy and all(grouped.ranks[r]._fill is not None for r in lazy)
+    assert any(a is None for a in grouped.ranks[lazy[0]]._slots)
+    _, batch, comm = plan_of(step)
+    hw = sl.Machine.a100_node()
+    p1 = simulate_plan(grouped, hw, steps=2, batch=batch, comm=comm)
+    assert all(grouped.ranks[r]._fill is not None for r in lazy)  # the simulator read no member's kernels
+    p2 = simulate_plan(alone, hw, steps=2, batch=batch, comm=comm)
+    assert p1.step_time == p2.step_time and p1.peak_memory == p2.peak_memory and p1.classes == p2.classes
+    assert p1.measured_fraction == pytest.approx(p2.measured_fraction, rel=1e-12)
+    def same(a, b) -> bool:
+        return a.rank == b.rank and a.schedule == b.schedule and len(a.actors) == len(b.actors) and all(
+            type(x) is type(y) and all(_same_value(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
+            for x, y in zip(a.actors, b.actors))
+
+    r = lazy[-1]
+    sent = pickle.loads(pickle.dumps(grouped.ranks[r]))  # what a worker gets: made whole on the way
+    assert type(sent) is RankPlan and same(sent, alone.ranks[r])
+    assert sent.by_name.keys() == alone.ranks[r].by_name.keys() and grouped.ranks[r]._fill is None
+    assert same(dataclasses.replace(grouped.ranks[r]), alone.ranks[r])
+    assert_same_plan(grouped, alone)

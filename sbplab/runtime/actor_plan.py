@@ -18,7 +18,7 @@ order is replayed the same way (``schedule.check_comm_order``) and refused if it
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..gc_pause import gc_paused
@@ -132,8 +132,111 @@ class RankPlan:
     def n_actors(self) -> int:
         return len(self.actors)
 
+    def actor_at(self, i: int) -> Actor:
+        """The actor at position i (a lazily made rank makes only what it must: ``LazyRankPlan``)."""
+        return self.actors[i]
+
+    def comm_named(self, name: str) -> Actor | None:
+        """The communication actor called ``name`` on this rank, or None."""
+        a = self.by_name.get(name)
+        return a if a is not None and a.lane == "comm" else None
+
     def dump(self) -> str:
         return "\n".join([f"rank {self.rank}:"] + ["  " + describe(a) for a in self.actors])
+
+
+def _plain_rank(rank: int, actors: list[Actor], schedule: RankSchedule | None) -> RankPlan:
+    """A RankPlan of actors already checked (a ``LazyRankPlan`` made whole, unpickled)."""
+    rp = RankPlan.__new__(RankPlan)
+    rp.rank, rp.actors, rp.schedule, rp._comm = rank, actors, schedule, None
+    rp.by_name = {a.name: a for a in actors}
+    return rp
+
+
+class LazyRankPlan(RankPlan):
+    """A rank the lowering made alike to a representative (``ActorPlan.alike``) whose plain kernels are made
+    when first asked: its communication, sources, states and buffers are made with the plan, the other
+    positions hold None until ``actors`` (or ``by_name``, or a position that is None) is read, which calls
+    ``fill`` once to make them in place.
+
+    Why: at 64 ranks of a GPT, copying the representative's kernels under every member's names was most
+    of lowering, though the plan's checks, its communication order and the simulator read a member's
+    communication and sources only (the simulator prices and fires one rank per class). A real run pickles
+    each rank's plan for its worker, which makes the rank whole on the driver first (``__reduce__``); a
+    picture or a trace asks for ``actors`` and gets them made.
+    """
+
+    def __init__(self, rank: int, actors: list, schedule: RankSchedule | None = None) -> None:
+        self.rank, self.schedule, self._fill, self._names = rank, schedule, None, None
+        self.actors = list(actors)  # made whole: the checks of an ordinary RankPlan
+        RankPlan.__post_init__(self)
+
+    @classmethod
+    def member(cls, rep: RankPlan, rank: int, slots: list, schedule: RankSchedule | None,
+               fill: Callable[[list], None]) -> LazyRankPlan:
+        """Rank ``rank``'s plan of ``slots`` (None where ``fill`` makes the actor), alike to ``rep``'s by position."""
+        rp = cls.__new__(cls)
+        rp.rank, rp.schedule, rp._slots, rp._fill, rp._names = rank, schedule, slots, fill, None
+        rp._by_name = None
+        rp._comm = rep.comm_positions
+        return rp
+
+    def _whole(self) -> list:
+        fill = self._fill
+        if fill is not None:
+            self._fill = None
+            fill(self._slots)
+        return self._slots
+
+    @property  # type: ignore[override]
+    def actors(self) -> list:
+        return self._whole()
+
+    @actors.setter
+    def actors(self, value: list) -> None:
+        self._slots, self._fill, self._by_name = value, None, None
+
+    @property  # type: ignore[override]
+    def by_name(self) -> dict[str, Actor]:
+        if self._by_name is None:
+            self._by_name = {a.name: a for a in self._whole()}
+        return self._by_name
+
+    @by_name.setter
+    def by_name(self, value: dict[str, Actor]) -> None:
+        self._by_name = value
+
+    @property
+    def n_actors(self) -> int:
+        return len(self._slots)
+
+    def actor_at(self, i: int) -> Actor:
+        a = self._slots[i]
+        return a if a is not None else self._whole()[i]
+
+    @property
+    def comm_actors(self) -> list[Actor]:
+        slots = self._slots
+        return [slots[i] for i in self.comm_positions]
+
+    def comm_items(self) -> list[tuple[int, Actor]]:
+        slots = self._slots
+        return [(i, slots[i]) for i in self.comm_positions]
+
+    def comm_named(self, name: str) -> Actor | None:
+        if self._names is None:
+            self._names = {a.name: a for a in self.comm_actors}
+        return self._names.get(name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RankPlan):
+            return NotImplemented
+        return (self.rank, self.actors, self.schedule) == (other.rank, other.actors, other.schedule)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return _plain_rank, (self.rank, self.actors, self.schedule)
 
 
 @dataclass
@@ -205,7 +308,7 @@ class ActorPlan:
             if not members or members[0] != rep or any(m not in self.ranks or m in seen for m in members):
                 raise PlanError(f"alike[{rep}] = {members!r}: each group lists existing ranks, its "
                                 f"representative first, every rank in one group at most")
-            if any(len(self.ranks[m].actors) != len(self.ranks[rep].actors) for m in members):
+            if any(self.ranks[m].n_actors != self.ranks[rep].n_actors for m in members):
                 raise PlanError(f"alike[{rep}]: its ranks have different numbers of actors")
             seen.update(members)
 
@@ -226,7 +329,7 @@ class ActorPlan:
                         if m >= self.world_size:
                             raise PlanError(f"collective {a.name!r}: rank {m} >= world_size "
                                             f"{self.world_size}")
-                        other = self.ranks[m].by_name.get(a.name)
+                        other = self.ranks[m].comm_named(a.name)
                         if not isinstance(other, Collective):
                             raise PlanError(f"collective {a.name!r} on rank {r} (group {a.group}) has no "
                                             f"collective of that name on rank {m}")
@@ -250,8 +353,8 @@ class ActorPlan:
             raise PlanError(f"{side} (src {key[0]} -> dst {key[1]}, tag {key[2]}) has no matching "
                             f"{'recv' if key in sends else 'send'}")
         for key in sends:
-            s = self.ranks[key[0]].by_name[sends[key]]
-            v = self.ranks[key[1]].by_name[recvs[key]]
+            s = self.ranks[key[0]].comm_named(sends[key])
+            v = self.ranks[key[1]].comm_named(recvs[key])
             if s.scope != v.scope:
                 raise PlanError(f"send {s.name!r} is {s.scope}-scope but its recv {v.name!r} is "
                                 f"{v.scope}-scope")
@@ -296,11 +399,11 @@ class ActorPlan:
 
     def groups(self) -> list[tuple[int, ...]]:
         """Every collective group of the plan, in a canonical order (all ranks create them alike)."""
-        gs = {a.group for rp in self.ranks.values() for a in rp.actors if isinstance(a, Collective)}
+        gs = {a.group for rp in self.ranks.values() for a in rp.comm_actors if isinstance(a, Collective)}
         return sorted(gs, key=lambda g: (len(g), g))
 
     def pairs(self) -> list[tuple[int, int]]:
-        ps = {tuple(sorted((r, a.peer))) for r, rp in self.ranks.items() for a in rp.actors  # type: ignore
+        ps = {tuple(sorted((r, a.peer))) for r, rp in self.ranks.items() for a in rp.comm_actors  # type: ignore
               if isinstance(a, (Send, Recv))}
         return sorted(ps)
 
@@ -313,14 +416,22 @@ class ActorPlan:
         return "\n".join([head] + [rp.dump() for rp in self.ranks.values()] + [order])
 
     @staticmethod
-    def build(world_size: int, actors: Mapping[int, Sequence[Actor]],
-              schedules: Mapping[int, RankSchedule] | None = None, **kw) -> ActorPlan:
+    def build(world_size: int, actors: Mapping[int, Sequence[Actor | None]],
+              schedules: Mapping[int, RankSchedule] | None = None,
+              fill: Callable[[int, list], None] | None = None, **kw) -> ActorPlan:
+        """``fill(r, slots)``: makes in place the actors of member rank r (of a group in ``alike``) left None
+        in ``actors[r]``; such a rank is a ``LazyRankPlan`` that calls it when first asked for them."""
         schedules = schedules or {}
         rep_of = {m: rep for rep, ms in (kw.get("alike") or {}).items() for m in ms if m != rep}
         with gc_paused():
             ranks: dict[int, RankPlan] = {}
             for r, a in actors.items():
                 rep = rep_of.get(r)
-                ranks[r] = RankPlan(r, list(a), schedules.get(r)) if rep is None or rep not in ranks \
-                    else RankPlan.like(ranks[rep], r, list(a), schedules.get(r))
+                if rep is None or rep not in ranks:
+                    ranks[r] = RankPlan(r, list(a), schedules.get(r))
+                elif fill is not None and len(a) == ranks[rep].n_actors:
+                    ranks[r] = LazyRankPlan.member(ranks[rep], r, list(a), schedules.get(r),
+                                                   lambda slots, r=r: fill(r, slots))
+                else:
+                    ranks[r] = RankPlan.like(ranks[rep], r, list(a), schedules.get(r))
             return ActorPlan(world_size, ranks, **kw)

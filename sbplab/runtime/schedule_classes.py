@@ -59,7 +59,8 @@ def _initial(plan: ActorPlan, busy: list[int]) -> dict[int, int]:
         rep = rep_of.get(r, r)
         rows = rows_of.get(rep)
         if rows is None:
-            rows = rows_of[rep] = _rows(rp.actors, sched.stage_of if sched is not None else None)
+            rows = rows_of[rep] = _rows(plan.ranks[rep].actors, plan.ranks[rep].schedule.stage_of
+                                        if plan.ranks[rep].schedule is not None else None)
         key = (rows, None if sched is None else (sched.name, sched.actions))
         out[r] = number.setdefault(key, len(number))
     return out

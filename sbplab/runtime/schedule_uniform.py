@@ -48,7 +48,7 @@ def _rows(actors: list) -> tuple[list[tuple], dict[str, int]] | None:
 def uniform_rank(plan: ActorPlan) -> int | None:
     """The lowest rank with actors when every rank with actors runs the same actors position by
     position and every communication is a collective held at one position by exactly its group."""
-    busy = [r for r, rp in plan.ranks.items() if rp.actors]
+    busy = [r for r, rp in plan.ranks.items() if rp.n_actors]
     if not busy:
         return None
     # a rank the lowering made alike to another (``plan.alike``) has its rows: one rank per group is read
@@ -67,14 +67,11 @@ def uniform_rank(plan: ActorPlan) -> int | None:
             return None
     comm_pos: dict[int, dict[str, int]] = {}  # rank -> its collectives' positions by name
     for r in busy:
-        rp = plan.ranks[r]
-        comm_pos[r] = {rp.actors[i].name: i for i in rp.comm_positions}
+        comm_pos[r] = {a.name: i for i, a in plan.ranks[r].comm_items()}
     holders: dict[str, int] = {}
     placed: set[tuple] = set()  # (name, group, position) whose members were all found there
     for r in busy:
-        rp = plan.ranks[r]
-        for i in rp.comm_positions:
-            a = rp.actors[i]
+        for i, a in plan.ranks[r].comm_items():
             if not isinstance(a, Collective):
                 return None
             holders[a.name] = holders.get(a.name, 0) + 1
@@ -86,9 +83,7 @@ def uniform_rank(plan: ActorPlan) -> int | None:
                     return None
             placed.add(key)
     for r in busy:
-        rp = plan.ranks[r]
-        for i in rp.comm_positions:
-            a = rp.actors[i]
+        for _, a in plan.ranks[r].comm_items():
             if holders[a.name] != len(a.group):  # type: ignore[attr-defined]
                 return None
     return busy[0]
@@ -112,13 +107,13 @@ def _simulate_one(plan: ActorPlan, g: FiringGraph) -> tuple[CommSlot, ...] | Non
     acts = [n.actor for n in nodes]
     comm = [a.lane == "comm" for a in acts]
     per_micro = [a.scope == "micro" for a in acts]
-    busy = [rp for rp in plan.ranks.values() if rp.actors]
+    busy = [rp for rp in plan.ranks.values() if rp.n_actors]
     # per position of a collective: (order, name, members in rank order) of every rank's collective there
     held: dict[int, list[tuple[int, str, tuple[int, ...]]]] = {}
     for i, c in enumerate(comm):
         if c:
-            held[i] = sorted({(rp.actors[i].order, rp.actors[i].name, tuple(sorted(rp.actors[i].group)))
-                              for rp in busy})
+            held[i] = sorted({(a.order, a.name, tuple(sorted(a.group))) for rp in busy  # type: ignore[attr-defined]
+                              for a in (rp.actor_at(i),)})
     order: list[CommSlot] = []
     dirty = set(range(len(nodes)))
     ready = ReadyQueue(g)  # the compute lane's choice

@@ -172,19 +172,20 @@ def alike_ranks(plan: ActorPlan, micro: int, batch: Mapping[str, TensorMeta], kn
     ids: dict[tuple, int] = {}  # rows -> a number (a rank's rows are hashed once, not once per member)
     groups: dict[tuple, list[int]] = {}
     for r in plan.ranks:
-        actors = plan.ranks[r].actors
+        rp = plan.ranks[r]
+        at = rp.actor_at  # a member's kernels are read only where it is recomputed (``LazyRankPlan``)
         rep = lowered.get(r, r)
         got = rows_of.get(rep)
         mine = redone[r]
-        if got is not None and len(mine) == len(got[2]) and all(actors[i].name in mine for i in got[2]):
+        if got is not None and len(mine) == len(got[2]) and all(at(i).name in mine for i in got[2]):
             rid, special = got[0], got[1]
         else:
-            rows, special, alone = _rows(actors, r, mine, memo)
+            rows, special, alone = _rows(rp.actors, r, mine, memo)
             rid = ids.setdefault(rows, len(ids))
             if rep == r and not alone:
                 rows_of[r] = (rid, special, [i for i, row in enumerate(rows) if row[7]])
-        extra = tuple([_own(actors[i], r, micro, batch, known, links, memo) for i in special])
-        pos = {actors[i].name: i for i in special}
+        extra = tuple([_own(at(i), r, micro, batch, known, links, memo) for i in special])
+        pos = {at(i).name: i for i in special}
         key = (rid, extra, tuple([(pos[name], m) for name, m in orders[r]]))
         groups.setdefault(key, []).append(r)
     return {ms[0]: ms for ms in groups.values()}

@@ -73,7 +73,7 @@ def _check(plan: ActorPlan, hw: Hardware, steps: int) -> None:
                               f"sl.Hardware.cpu_box(), a calibrated one), got {type(hw).__name__}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise SimulationError(f"steps must be an int >= 1 (>= 2 for a steady-state step time), got {steps!r}")
-    if not any(rp.actors for rp in plan.ranks.values()):
+    if not any(rp.n_actors for rp in plan.ranks.values()):
         raise SimulationError(f"plan {plan.name!r} has no actors on any of its {plan.world_size} ranks")
 
 
@@ -227,19 +227,23 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     return Prediction(plan=plan, hardware=hw, steps=steps, step_time=(hi - lo) / n, step_ends=ends,
                       peak_memory=peak, memory_breakdown=parts, breakdown={m: dict(per_rep[rep_of[m]])
                                                                            for m in plan.ranks},
-                      measured_fraction=_measured_fraction(plan, costs), firings=firings, sent_bytes=sent,
+                      measured_fraction=_measured_fraction(plan, costs, alike), firings=firings, sent_bytes=sent,
                       classes=classes, window_start=lo if steps > 1 else 0.0, memory_at_us=at, pricing=pricing,
                       memory_kept={m: kept[rep_of[m]] for m in plan.ranks})
 
 
-def _measured_fraction(plan: ActorPlan, costs: dict[int, list[FiringCost]]) -> float:
-    """Measured kernel seconds over all kernel seconds of one step (firings per step weigh each actor)."""
+def _measured_fraction(plan: ActorPlan, costs: dict[int, list[FiringCost]], alike: dict[int, list[int]]) -> float:
+    """Measured kernel seconds over all kernel seconds of one step (firings per step weigh each actor); an
+    alike group's (``alike_ranks``) kernels and costs are its first rank's, counted once per member."""
     M, measured, total = plan.micro_batches, 0.0, 0.0
-    for r, rp in plan.ranks.items():
-        for a, c in zip(rp.actors, costs[r]):
+    for r, members in alike.items():
+        mine_m, mine_t = 0.0, 0.0
+        for a, c in zip(plan.ranks[r].actors, costs[r]):
             if not (c.measured or c.modelled):
                 continue
             t = (c.seconds - c.overhead) * (M if a.scope == "micro" else 1)
-            total += t
-            measured += t if c.measured else 0.0
+            mine_t += t
+            mine_m += t if c.measured else 0.0
+        total += mine_t * len(members)
+        measured += mine_m * len(members)
     return measured / total if total > 0 else 0.0

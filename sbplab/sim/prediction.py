@@ -66,7 +66,7 @@ class Prediction:
     @property
     def devices(self) -> int:
         """Ranks that run anything (the throughput per device divides by these)."""
-        return sum(1 for rp in self.plan.ranks.values() if rp.actors) or self.plan.world_size
+        return sum(1 for rp in self.plan.ranks.values() if rp.n_actors) or self.plan.world_size
 
     @property
     def tokens_per_second(self) -> float | None:

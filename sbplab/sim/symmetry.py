@@ -117,17 +117,15 @@ class Lookup:
 
     def index(self, rank: int, name: str) -> int:
         if rank not in self.names:  # communication actors only: the ones asked for
-            rp = self.plan.ranks[rank]
-            self.names[rank] = {rp.actors[i].name: i for i in rp.comm_positions}
+            self.names[rank] = {a.name: i for i, a in self.plan.ranks[rank].comm_items()}
         return self.names[rank][name]
 
     def partner(self, rank: int, a) -> int:
         """Position of the receive matching send ``a`` (or the send matching receive ``a``) on its peer."""
         peer = a.peer
         if peer not in self.p2p:
-            rp = self.plan.ranks[peer]
-            self.p2p[peer] = {(type(b), b.peer, b.tag): i for i in rp.comm_positions
-                              if isinstance(b := rp.actors[i], (Send, Recv))}
+            self.p2p[peer] = {(type(b), b.peer, b.tag): i for i, b in self.plan.ranks[peer].comm_items()
+                              if isinstance(b, (Send, Recv))}
         want = Recv if isinstance(a, Send) else Send
         i = self.p2p[peer].get((want, rank, a.tag))
         if i is None:

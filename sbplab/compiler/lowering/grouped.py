@@ -90,6 +90,8 @@ class GroupedLowering:
             row.append(n)
         self.reps: list[_Rep] = []
         self.rep_of: dict[int, _Rep] = {}
+        self.made_from: dict[int, _Rep] = {}  # member rank -> the representative its actors are made from
+        self.into_of: dict[int, dict[int, BufferSlot]] = {}  # member rank -> position -> its kernel's bucket slot
 
     # --- lowering -----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -105,7 +107,7 @@ class GroupedLowering:
         for r, nodes in self.nodes_of.items():
             rep = self._copy_from_some(r, nodes)
             if rep is not None:
-                self.rep_of[r] = rep
+                self.rep_of[r] = self.made_from[r] = rep
                 rep.members.append(r)
                 continue
             actors, starts = lw.actors[r], []
@@ -177,7 +179,7 @@ class GroupedLowering:
         actors, theirs, rnodes, rstarts = lw.actors[r], lw.actors[rep.rank], rep.nodes, rep.starts
         name_of, scope_of, ref, micro, local = lw.name, lw.scope, lw.ref, lw.phys.micro_batches > 1, self.local
         own, stage_of, bucket_of, node_alike = lw.own.get(r, ()), lw.stage_of[r], lw.bucket_of, self._node_alike
-        new_compute, refs, append = Compute.__new__, lw.refs, actors.append
+        append = actors.append
         for i, mn in enumerate(nodes):
             rn = rnodes[i]
             kind = mn.kind
@@ -188,18 +190,13 @@ class GroupedLowering:
                 if rn.logical != mn.logical or rn.kind != kind or rn.out_shapes != mn.out_shapes \
                         or len(ri) != len(mi) or (ra is not mn.attrs and not _same_attrs(ra, mn.attrs)):
                     return i
-                ins = []
                 for x, y in zip(ri, mi):
                     if x.out != y.out or local[x.node] != local[y.node]:
                         return i
-                    ins.append(refs.get(id(y)) or ref(y))  # ``_Lowering.ref``, its lookup inlined
-                a = new_compute(Compute)
                 mid = mn.id
                 name = name_of[mid] = f"n{mid}"
-                a.__dict__ = {**theirs[rstarts[i]].__dict__, "name": name, "attrs": dict(mn.attrs),
-                              "inputs": tuple(ins)}
                 scope_of[mid] = "micro" if micro and mn.when == "each" else "step"
-                append(a)
+                append(None)  # made when the rank's actors are first asked for (``fill``)
                 if own and mn.stage in own:
                     stage_of[name] = mn.stage
                 continue
@@ -242,6 +239,23 @@ class GroupedLowering:
                 return i
         return -1
 
+    def fill(self, r: int, slots: list) -> None:
+        """Make in place member rank r's plain kernels, which ``_copy`` left None: its representative's actor at
+        the same position with r's name, attributes, inputs and bucket slot (``into_buckets``), exactly what
+        ``_Lowering.node`` makes for the node (and what copying made before the member's actors were lazy)."""
+        lw = self.lw
+        rep = self.made_from[r]
+        theirs, starts, refs, ref, into = lw.actors[rep.rank], rep.starts, lw.refs, lw.ref, self.into_of.get(r, {})
+        new_compute = Compute.__new__
+        for i, mn in enumerate(self.nodes_of[r]):
+            p = starts[i]
+            if slots[p] is not None or mn.kind != "compute" or mn.accumulate:
+                continue
+            a = new_compute(Compute)
+            a.__dict__ = {**theirs[p].__dict__, "name": lw.name[mn.id], "attrs": dict(mn.attrs),
+                          "inputs": tuple([refs.get(id(y)) or ref(y) for y in mn.inputs]), "into": into.get(p)}
+            slots[p] = a
+
     # --- after the nodes ----------------------------------------------------------------------------
     def groups(self) -> dict[int, tuple[int, ...]]:
         """Representative -> its members (itself first), after ``confirm`` dropped those the updates, sinks
@@ -265,8 +279,11 @@ class GroupedLowering:
                 for p, k, j in rep.into:
                     pack = actors[k]
                     slot = pack.into
-                    actors[p].into = BufferSlot(slot.pool, pack.attrs["offsets"][j], pack.attrs["shapes"][j],  # type: ignore[attr-defined]
-                                                slot.dtype)
+                    at = BufferSlot(slot.pool, pack.attrs["offsets"][j], pack.attrs["shapes"][j], slot.dtype)  # type: ignore[attr-defined]
+                    if actors[p] is None:  # a kernel not made yet: ``fill`` gives it the slot
+                        self.into_of.setdefault(m, {})[p] = at
+                    else:
+                        actors[p].into = at  # type: ignore[attr-defined]
                     flags = list(pack.attrs["in_place"])
                     flags[j] = True
                     pack.attrs["in_place"] = tuple(flags)
@@ -289,7 +306,8 @@ class GroupedLowering:
             want = tail(rep.rank)
             kept = [m for m in rep.members if m == rep.rank or tail(m) == want]
             for m in rep.members:
-                if m not in kept:
+                if m not in kept:  # lowered alone from here: its kernels are made now
+                    self.fill(m, acts[m])
                     self.rep_of.pop(m, None)
             rep.members = kept
 

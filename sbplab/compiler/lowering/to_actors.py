@@ -369,7 +369,8 @@ def lower_to_actors(phys: PhysicalGraph, graph: Graph, *, registers: int | None 
     size = world_size or (max(phys.ranks) + 1)
     # no ``imports``: workers only run kernels, and every op (gradient and optimizer ops too) is
     # registered by sbplab.ops, which the runtime imports to find them
-    return ActorPlan.build(size, lw.actors, lw.schedules(schedule), micro_batches=phys.micro_batches,
+    return ActorPlan.build(size, lw.actors, lw.schedules(schedule), grouped.fill if grouped is not None else None,
+                           micro_batches=phys.micro_batches,
                            device_type=device, name=name,
                            comm_order=lw.compiler_order() if order == "compiler" else None,
                            alike=grouped.groups() if grouped is not None else None)
