@@ -134,3 +134,25 @@ def test_stacks_too_short_or_unlike_are_not_repeated():
     mixed = sl.models.GPT(sl.models.GPTConfig(vocab_size=64, block_size=8, n_layer=LAYERS, n_head=4, n_embd=32))
     mixed.blocks[3] = copy.deepcopy(mixed.blocks[3]).to(torch.float64)
     assert find_layer_stack(mixed) is None
+
+
+def test_middle_layers_copied_as_ops_match_node_by_node():
+    # the two-layer route writes middle layers 2..n-2 as copies of converted ops (layer_copy.py); the graph,
+    # consumer lists and name counters included, is the one converting every copied node gives
+    from sbplab.compiler.frontend.layer_copy import CopiedLayer, node_by_node
+
+    model, args, kwargs, loss_fn, targets = _hf("llama")
+    whole = _repeated(model, args, kwargs, loss_fn, targets, keep=2)
+    assert sum(isinstance(n, CopiedLayer) for n in whole.graph.nodes) == 2 * (LAYERS - 3)  # forward, backward
+
+    def full(g):
+        tensors = [(t.name, t.meta, t.role, t.producer, tuple(t.consumers), t.module) for t in g.tensors.values()]
+        return _signature(g), tensors, dict(g._counts)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast, fast_grads = capture_aten(model, args, kwargs, loss_fn, targets)
+        with node_by_node():
+            slow, slow_grads = capture_aten(model, args, kwargs, loss_fn, targets)
+    assert full(fast) == full(slow)
+    assert fast_grads == slow_grads

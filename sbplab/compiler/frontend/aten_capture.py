@@ -45,6 +45,7 @@ from ...ops.aten.rules import has_rule
 from ..ir import Graph, GraphError
 from .aten_direct import joint_direct
 from .fx_trace import source_of
+from .layer_copy import CopiedLayer, copy_layer
 from .layer_pair import KEPT as PAIR
 from .layer_pair import enabled as pair_enabled
 from .layer_pair import repeat_pair
@@ -299,6 +300,8 @@ def _to_graph(gm: fx.GraphModule, model: nn.Module, input_names: list[str], flat
                                      value=value.detach().clone()).name
         elif node.op == "call_function":
             _call(g, node, env, seq_op, replicated, sources)
+        elif node.op == CopiedLayer.op:  # a middle layer copied from a converted one (layer_copy.py)
+            copy_layer(g, node, env, seq_op, replicated, lambda n: _call(g, n, env, seq_op, replicated, sources))
         elif node.op == "output":
             grads = _outputs(g, node, env, params_of)
     if replicated:

@@ -26,6 +26,7 @@ from typing import Any
 import torch.fx as fx
 
 from ...shortcut import Shortcut
+from .layer_copy import COPY_OPS, CopiedLayer
 from .layer_repeat import (
     CopiedNode,
     RepeatedLayers,
@@ -226,6 +227,39 @@ def _fill(v: Any, resolve: Callable[[Any], CopiedNode]) -> Any:
     return v
 
 
+def _flat_refs(spec: tuple[Any, Any]) -> list | None:
+    """The nodes and ``_Ref``s of a middle node's (args, kwargs), in the order ``aten_capture._template``
+    takes a node's tensor arguments; None where a dict holds one (the template does not look inside)."""
+    found: list = []
+
+    def walk(v: Any) -> bool:
+        if isinstance(v, (_Ref, fx.Node)):
+            found.append(v)
+            return True
+        if isinstance(v, (list, tuple)):
+            return all(walk(x) for x in v)
+        if isinstance(v, dict):
+            inner: list = []
+            _flatten_dict(v, inner)
+            return not inner
+        return True
+
+    args, kwargs = spec
+    ok = walk(args) and all(walk(v) for v in kwargs.values())
+    return found if ok else None
+
+
+def _flatten_dict(v: Any, found: list) -> None:
+    if isinstance(v, (_Ref, fx.Node)):
+        found.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _flatten_dict(x, found)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _flatten_dict(x, found)
+
+
 def _build(gm: fx.GraphModule, pair: _Pair, middle: dict, prefix: str, n_layers: int) -> _Nodes:
     """The whole stack's joint graph: layer 1 copied as layers 1..n-2 (middle arguments) and renamed n-1."""
     last = n_layers - 1
@@ -260,10 +294,12 @@ def _build(gm: fx.GraphModule, pair: _Pair, middle: dict, prefix: str, n_layers:
             return node_of(kind, i + layer - own, offset)
         return f
 
-    def emit(node: fx.Node, i: int, own: int, args: Any, kwargs: Any, seq: Callable[[int], int]) -> CopiedNode:
+    def emit(node: fx.Node, i: int, own: int, args: Any, kwargs: Any, seq: Callable[[int], int],
+             append: bool = True) -> CopiedNode:
         new = CopiedNode(node.op, node.target, args, kwargs, _rename_meta(node.meta, prefix, own, i, seq),
                          f"{node.name}.{i}")
-        out.append(new)
+        if append:
+            out.append(new)
         return new
 
     def as_captured(node: fx.Node, i: int, own: int, seq: Callable[[int], int]) -> CopiedNode:
@@ -273,17 +309,49 @@ def _build(gm: fx.GraphModule, pair: _Pair, middle: dict, prefix: str, n_layers:
     def copy_seq(node: fx.Node, i: int) -> Callable[[int], int]:
         return (lambda s: s + (i - 1) * pair.period) if pair.relative_seq.get(node, True) else global_seq
 
-    def middle_copy(node: fx.Node, i: int) -> CopiedNode:
+    def middle_copy(node: fx.Node, i: int, append: bool = True) -> CopiedNode:
         def resolve(v: Any) -> CopiedNode:
             return env[v] if isinstance(v, fx.Node) else node_of(v.kind, i + v.rel, v.offset)
         args, kwargs = middle.get(node, (node.args, node.kwargs))  # placeholders have none
-        return emit(node, i, 1, _fill(args, resolve), _fill(kwargs, resolve), copy_seq(node, i))
+        return emit(node, i, 1, _fill(args, resolve), _fill(kwargs, resolve), copy_seq(node, i), append)
+
+    refs: dict[fx.Node, list | None] = {}  # layer 1's node -> what its copies read, in argument order
+
+    def copied_layer(part: list[fx.Node], i: int, template: int) -> CopiedLayer:
+        """Layer ``i``'s copy of ``part`` as one entry: ``template``'s converted ops with layer i's names."""
+        stand_ins = [(t, copies[template][t], CopiedNode("stand_in", t.target, (), {}, {}, f"{t.name}.{i}"))
+                     for t in part]
+        copies[i].update((t, s) for t, _, s in stand_ins)
+
+        def inputs(t: fx.Node) -> list | None:
+            if t not in refs:
+                refs[t] = _flat_refs(middle[t]) if t in middle else None
+            found = refs[t]
+            if found is None:
+                return None
+            return [env[v] if isinstance(v, fx.Node) else node_of(v.kind, i + v.rel, v.offset) for v in found]
+
+        def seq(t: fx.Node) -> int | None:
+            s = t.meta.get("seq_nr")
+            return None if s is None else copy_seq(t, i)(s)
+
+        return CopiedLayer(i, stand_ins, inputs, seq, lambda t: middle_copy(t, i, append=False),
+                           lambda path: _rename(path, module_prefix, template, i), plans)
+
+    plans: dict = {}  # the template layers' nodes -> how their copies are made (layer_copy._plan)
+
+    module_prefix = prefix[len("m."):]  # op module paths are the model's, without the step's "m."
 
     def copy_layers(part: list[fx.Node], order: range) -> None:
+        template = None
         for i in order:
             m = copies.setdefault(i, {})
+            if template is not None and part is not pair.params[1] and COPY_OPS.on:
+                out.append(copied_layer(part, i, template))
+                continue
             for t in part:
                 m[t] = middle_copy(t, i)
+            template = i
 
     def as_last(part: list[fx.Node]) -> None:
         for t in part:
