@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from ..errors import SbplabError
-from ..freeze import freeze
 from ..freeze import freeze as _freeze  # noqa: F401  (the name eager/dispatch.py imports)
+from ..freeze import freeze_attrs
 from ..layout import Block, local_block, mesh_blocks, numel, partial_ok
 from ..placement import Placement
 from ..sbp import B, NdSbp, SbpParallel, Split, fmt_sbp, normalize_split
@@ -103,10 +103,11 @@ RNG_ATTRS = ("stream", "draw")
 
 
 def shape_key(attrs: dict) -> Any:
-    """``freeze(attrs)`` without ``RNG_ATTRS``: the key of answers that depend on shapes alone."""
+    """``freeze(attrs)`` without ``RNG_ATTRS``: the key of answers that depend on shapes alone (attributes
+    already hashable, as a graph's are, are not walked again: ``freeze_attrs``)."""
     if any(k in attrs for k in RNG_ATTRS):
         attrs = {k: v for k, v in attrs.items() if k not in RNG_ATTRS}
-    return freeze(attrs)
+    return freeze_attrs(attrs)
 
 
 def _zero_flops(ins: Sequence[TensorMeta], outs: Sequence[TensorMeta], attrs: dict) -> int:
@@ -260,14 +261,16 @@ def _valid_on_ranks(op: OpDef, in_metas: tuple[TensorMeta, ...], out_metas: tupl
         if ib is None or ob is None:
             return False
         local = tuple([tuple([e - s for s, e in blk]) for blk in ib])
-        want = [tuple([e - s for s, e in blk]) for blk in ob]
-        try:
-            here = dict(attrs) if plain else op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig))
-        except (ValueError, RuntimeError, IndexError):
-            return False
+        want = tuple([tuple([e - s for s, e in blk]) for blk in ob])
+        here: dict | None = None  # a plain op's attributes are copied only when it must infer
+        if not plain:
+            try:
+                here = op.localize(dict(attrs), LocalContext(in_metas, out_metas, ib, ob, sig))
+            except (ValueError, RuntimeError, IndexError):
+                return False
         key: Any = None
         if seen is not None:  # a localized op (a dropout with its draw) is keyed by its local attrs too
-            key = (local, tuple(want)) if plain else (local, tuple(want), shape_key(here))
+            key = (local, want) if plain else (local, want, shape_key(here))
             try:
                 hash(key)
             except TypeError:
@@ -276,8 +279,8 @@ def _valid_on_ranks(op: OpDef, in_metas: tuple[TensorMeta, ...], out_metas: tupl
         if ok is None:
             local_in = [TensorMeta(sh, m.dtype) for sh, m in zip(local, in_metas)]
             try:
-                got = op.infer(local_in, here)
-                ok = [tuple(g.shape) for g in got] == want
+                got = op.infer(local_in, dict(attrs) if here is None else here)
+                ok = tuple([tuple(g.shape) for g in got]) == want
             except (ValueError, RuntimeError, IndexError):
                 ok = False
             if key is not None:
@@ -341,14 +344,15 @@ def _nd_signatures_cached(name: str, in_metas: tuple[TensorMeta, ...], frozen: t
     out: list[NdSignature] = []
     out_metas: tuple[TensorMeta, ...] | None = None
     seen: dict = {}  # _valid_on_ranks' answers for this op, inputs and attributes
+    strided = any(isinstance(x, Split) and x.chunks > 1 for one in ones for x in (*one.inputs, *one.outputs))
     for combo in itertools.product(ones, repeat=len(mesh_shape)):
         sig = NdSignature(
-            tuple(tuple(c.inputs[i] for c in combo) for i in range(len(in_metas))),
-            tuple(tuple(c.outputs[j] for c in combo) for j in range(len(combo[0].outputs))),
+            tuple([tuple([c.inputs[i] for c in combo]) for i in range(len(in_metas))]),
+            tuple([tuple([c.outputs[j] for c in combo]) for j in range(len(combo[0].outputs))]),
         )
         if out_metas is None:  # what local_context infers for every rank of every signature
             out_metas = tuple(op.infer(in_metas, attrs))
-        if not all(_strided_alone(nd) for nd in (*sig.inputs, *sig.outputs)):
+        if strided and not all(_strided_alone(nd) for nd in (*sig.inputs, *sig.outputs)):
             continue  # a strided split must be the only split of its dim (layout._check_chunked)
         rows = _canonical_rows(in_metas, out_metas, sig, mesh_shape)
         if _valid_on_ranks(op, in_metas, out_metas, attrs, sig, rows, seen):
