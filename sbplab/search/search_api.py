@@ -58,6 +58,7 @@ class Space:
         self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
         self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
         self._floors: dict[tuple[MeshChoice, int], StageFloor] = {}
+        self._one_device: float | None = None  # the ops' least compute on one device (``flat_floor``)
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
         self.captures = Captures()  # an ATen capture once; a micro-batch's graph derived from it (``rebatch.py``)
 
@@ -100,6 +101,25 @@ class Space:
         at 1/m of its FLOPs and bytes (``micro_floor``), which its micro-batch does at least, and a
         smaller kernel is no more efficient; ZeRO-3's gathers move whole parameters every micro-batch."""
         return self.micro_floor(mesh, m).value(zero, (m + stages - 1) / m) / stages
+
+    def flat_floor(self, stages: int, m: int, devices: int) -> float:
+        """A floor under every pipeline of ``stages`` stages over ``devices`` devices and ``m`` micro-batches,
+        whatever its stage mesh and ZeRO level: made from the one-device prices, once per search.
+
+        ``pre_floor`` is, per op, (m + S - 1) / m times its least compute over the signatures of the stage
+        mesh's k = devices / S ranks (priced at 1/m of the work, times m), plus gathers, syncs and edges
+        (none negative), summed and divided by S. An op's compute on a rank is its forward on the rank's piece
+        plus its backward at the piece's fraction of the FLOPs: the piece a signature gives the first rank
+        (the one priced, which a balanced split gives the largest block) holds at least 1/k of the work, and a
+        smaller kernel is no more efficient, so it takes at least 1/k of the op's time on one device. So
+        (m + S - 1) / m x (the ops' one-device time) / devices is below ``pre_floor`` of every stage mesh,
+        and a space it rules out is skipped without pricing its mesh. None where the hardware has measured
+        op times (a table's small kernel may be priced apart from the whole op)."""
+        if self.hw.op_times:
+            return 0.0
+        if self._one_device is None:
+            self._one_device = sum(float(np.min(o.compute)) for o in self.priced_ops(MeshChoice((1,), (0,))).ops)
+        return (m + stages - 1) / m * self._one_device / devices
 
     def micro_floor(self, mesh: MeshChoice, m: int) -> StageFloor:
         """``stage_floor(mesh, 1)`` with each op's compute priced at 1/m of its work (``Pricer.work_scale``)
@@ -430,9 +450,14 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
     feasible candidate so far could not reach the re-rank, so it is skipped unsolved; once a space's
     edges are priced, the same bound on its real prices may still skip a ZeRO level's solve."""
     bounds = []
+    first = _kth_best(found, memory_limit, keep)  # only falls as pipelines are found
     for S, M, mesh in spaces:
         if clock.expired():
             break
+        flat = space.flat_floor(S, M, mesh.size * S)  # every stage mesh and ZeRO level: no mesh priced
+        if flat >= first:
+            bounds += [(flat, S, M, mesh, z) for z in zero_levels]
+            continue
         try:
             pre = [space.pre_floor(mesh, S, M, z) for z in zero_levels]  # the one-micro-batch graph only
         except (ValueError, GraphError):
@@ -447,6 +472,10 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
         if clock.expired():
             break
         kth = _kth_best(found + out, memory_limit, keep)
+        if bound >= kth:  # its first floor rules it out (``flat_floor`` or ``pre_floor``)
+            skipped += 1
+            report.step("pipelines")
+            continue
         try:  # the micro-batch graph is traced only for a space its first two floors let win
             real1 = space.real_pre_floor(mesh, S, M, z) if bound < kth else float("inf")
             floor = space.stage_floor(mesh, M).value(z, M + S - 1) / S if real1 < kth else float("inf")
