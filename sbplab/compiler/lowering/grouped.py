@@ -186,9 +186,9 @@ class GroupedLowering:
             if kind == "compute" and not mn.accumulate:  # most nodes: a plain kernel
                 # The logical op names the op, its phase, stage and output dtypes; its inputs (at the same
                 # positions, made alike before it) set when it runs and the shapes it reads.
-                ri, mi, ra = rn.inputs, mn.inputs, rn.attrs
+                ri, mi, ra, ma = rn.inputs, mn.inputs, rn.attrs, mn.attrs
                 if rn.logical != mn.logical or rn.kind != kind or rn.out_shapes != mn.out_shapes \
-                        or len(ri) != len(mi) or (ra is not mn.attrs and not _same_attrs(ra, mn.attrs)):
+                        or len(ri) != len(mi) or (ra is not ma and ra != ma and not _same_attrs(ra, ma)):
                     return i
                 for x, y in zip(ri, mi):
                     if x.out != y.out or local[x.node] != local[y.node]:
@@ -203,6 +203,13 @@ class GroupedLowering:
             if not node_alike(rn, mn):
                 return i
             s = rstarts[i]
+            if kind == "source" and mn.op != "input":  # a state: made with its shard by ``fill``
+                name = name_of[mn.id] = f"n{mn.id}"
+                scope_of[mn.id] = "step"
+                append(None)
+                if mn.stage in own:
+                    stage_of[name] = mn.stage
+                continue
             step = mn.attrs.get("plan_step") if kind == "boxing" else None
             lowering = step.kind_obj.lowering if step is not None and mn.collective not in bucket_of else None
             if kind == "source" or lowering in ("collective", "kernel"):
@@ -211,10 +218,7 @@ class GroupedLowering:
                 a.__dict__.update(ra.__dict__)
                 name = a.name = name_of[mn.id] = f"n{mn.id}"
                 scope_of[mn.id] = "micro" if mn.when == "each" and micro else "step"
-                if kind == "source" and mn.op != "input":  # a state: this rank's shard
-                    a.init = lw.initial_shard(mn.logical, r, mn.attrs["block"])  # type: ignore[attr-defined]
-                    lw.states[(r, name)] = a  # type: ignore[assignment]
-                elif lowering == "kernel":  # a local step (slice, zero fill): this rank's piece
+                if lowering == "kernel":  # a local step (slice, zero fill): this rank's piece
                     fn, attrs = lw.local_kernel(mn)
                     if kernel_ref(fn) != ra.op or not _same_attrs(ra.attrs, attrs, ra.op):  # type: ignore[attr-defined]
                         return i
@@ -240,20 +244,32 @@ class GroupedLowering:
         return -1
 
     def fill(self, r: int, slots: list) -> None:
-        """Make in place member rank r's plain kernels, which ``_copy`` left None: its representative's actor at
-        the same position with r's name, attributes, inputs and bucket slot (``into_buckets``), exactly what
-        ``_Lowering.node`` makes for the node (and what copying made before the member's actors were lazy)."""
+        """Make in place member rank r's plain kernels and states, which ``_copy`` left None: its representative's
+        actor at the same position with r's name, attributes, inputs and bucket slot (``into_buckets``), or with
+        r's shard and update, exactly what ``_Lowering.node`` and ``_Lowering.updates`` make for the node (and
+        what copying made before the member's actors were lazy)."""
         lw = self.lw
         rep = self.made_from[r]
         theirs, starts, refs, ref, into = lw.actors[rep.rank], rep.starts, lw.refs, lw.ref, self.into_of.get(r, {})
-        new_compute = Compute.__new__
+        new_compute, updates = Compute.__new__, lw.phys.state_updates
         for i, mn in enumerate(self.nodes_of[r]):
+            kind = mn.kind
+            if not ((kind == "compute" and not mn.accumulate) or (kind == "source" and mn.op != "input")):
+                continue  # made with the plan (a node of no actor of its own starts where the next one does)
             p = starts[i]
-            if slots[p] is not None or mn.kind != "compute" or mn.accumulate:
+            if slots[p] is not None:
                 continue
-            a = new_compute(Compute)
-            a.__dict__ = {**theirs[p].__dict__, "name": lw.name[mn.id], "attrs": dict(mn.attrs),
-                          "inputs": tuple([refs.get(id(y)) or ref(y) for y in mn.inputs]), "into": into.get(p)}
+            ra = theirs[p]
+            if kind == "source":  # a state
+                a = State.__new__(State)
+                upd = updates.get(mn.logical, {}).get(r)
+                a.__dict__ = {**ra.__dict__, "name": lw.name[mn.id], "update": None if upd is None else ref(upd),
+                              "init": lw.initial_shard(mn.logical, r, mn.attrs["block"])}
+                lw.states[(r, a.name)] = a
+            else:
+                a = new_compute(Compute)
+                a.__dict__ = {**ra.__dict__, "name": lw.name[mn.id], "attrs": dict(mn.attrs),
+                              "inputs": tuple([refs.get(id(y)) or ref(y) for y in mn.inputs]), "into": into.get(p)}
             slots[p] = a
 
     # --- after the nodes ----------------------------------------------------------------------------

@@ -321,9 +321,13 @@ class _Lowering:
         return out
 
     def updates(self) -> None:
+        """Each state's update; a state grouped lowering left unmade (``GroupedLowering.fill``) gets it when made."""
+        states, sources = self.states, self.phys.sources
         for name, per_rank in self.phys.state_updates.items():
             for r, ref in per_rank.items():
-                self.states[(r, f"n{self.phys.sources[name][r]}")].update = self.ref(ref)
+                st = states.get((r, f"n{sources[name][r]}"))
+                if st is not None:
+                    st.update = self.ref(ref)
 
 
 @without_gc
