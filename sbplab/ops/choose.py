@@ -140,6 +140,8 @@ def rank_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict
         return memo[(i, want)]
 
     out = []
+    counts = op.flops is not _zero_flops  # as local_flops decides, its key made once for every signature
+    metas, frozen = (tuple(in_metas), shape_key(attrs)) if counts else ((), ())
     for k, sig in enumerate(nd_signatures(op, in_metas, attrs, placement)):
         if allowed is not None and not allowed(sig):
             continue
@@ -151,7 +153,7 @@ def rank_signatures(op: OpDef | str, in_metas: Sequence[TensorMeta], attrs: dict
             total = total + c
         more = extra(sig) if extra is not None else FREE
         total = total + more
-        out.append(RankedSignature(sig, total.bytes, total.time_s, total.steps,
-                             local_flops(op, in_metas, attrs, sig, placement), changed, k, more))
+        flops = _local_flops(op.name, metas, frozen, sig, placement) if counts else 0
+        out.append(RankedSignature(sig, total.bytes, total.time_s, total.steps, flops, changed, k, more))
     out.sort(key=RankedSignature.cost_key)
     return out
