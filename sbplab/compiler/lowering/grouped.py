@@ -193,22 +193,17 @@ class GroupedLowering:
                 for x, y in zip(ri, mi):
                     if x.out != y.out or local[x.node] != local[y.node]:
                         return i
-                mid = mn.id
-                name = name_of[mid] = f"n{mid}"
-                scope_of[mid] = "micro" if micro and mn.when == "each" else "step"
-                append(None)  # made when the rank's actors are first asked for (``fill``)
-                if own and mn.stage in own:
-                    stage_of[name] = mn.stage
+                append(None)  # made when the rank's actors are first asked for (``fill``), named n<id> as
+                if own and mn.stage in own:  # ``_Lowering.node`` names it (``_Lowering.ref`` knows)
+                    stage_of[f"n{mn.id}"] = mn.stage
                 continue
             if not node_alike(rn, mn):
                 return i
             s = rstarts[i]
             if kind == "source" and mn.op != "input":  # a state: made with its shard by ``fill``
-                name = name_of[mn.id] = f"n{mn.id}"
-                scope_of[mn.id] = "step"
                 append(None)
                 if mn.stage in own:
-                    stage_of[name] = mn.stage
+                    stage_of[f"n{mn.id}"] = mn.stage
                 continue
             step = mn.attrs.get("plan_step") if kind == "boxing" else None
             lowering = step.kind_obj.lowering if step is not None and mn.collective not in bucket_of else None
@@ -263,12 +258,12 @@ class GroupedLowering:
             if kind == "source":  # a state
                 a = State.__new__(State)
                 upd = updates.get(mn.logical, {}).get(r)
-                a.__dict__ = {**ra.__dict__, "name": lw.name[mn.id], "update": None if upd is None else ref(upd),
+                a.__dict__ = {**ra.__dict__, "name": f"n{mn.id}", "update": None if upd is None else ref(upd),
                               "init": lw.initial_shard(mn.logical, r, mn.attrs["block"])}
                 lw.states[(r, a.name)] = a
             else:
                 a = new_compute(Compute)
-                a.__dict__ = {**ra.__dict__, "name": lw.name[mn.id], "attrs": dict(mn.attrs),
+                a.__dict__ = {**ra.__dict__, "name": f"n{mn.id}", "attrs": dict(mn.attrs),
                               "inputs": tuple([refs.get(id(y)) or ref(y) for y in mn.inputs]), "into": into.get(p)}
             slots[p] = a
 

@@ -134,7 +134,17 @@ class _Lowering:
         key = id(r)  # the physical graph's outputs are PhysRef objects its readers share, alive as long as it
         got = self.refs.get(key)
         if got is None:
-            got = self.refs[key] = self.alias.get(r.node) or Ref(self.name[r.node], r.out)
+            # a node grouped lowering checked but did not make (``GroupedLowering.fill``) has the ordinary name
+            got = self.refs[key] = self.alias.get(r.node) or Ref(self.name.get(r.node) or f"n{r.node}", r.out)
+        return got
+
+    def scope_of(self, i: int) -> str:
+        """The firing scope of node i's actor: as ``node`` sets it (grouped lowering leaves a member's plain
+        kernels and states to ``GroupedLowering.fill``, which makes them as ``node`` does)."""
+        got = self.scope.get(i)
+        if got is None:
+            n = self.phys.nodes[i]
+            got = "step" if n.accumulate or n.when != "each" or self.phys.micro_batches == 1 else "micro"
         return got
 
     def tag(self, key: tuple) -> int:
@@ -285,7 +295,7 @@ class _Lowering:
         for r, ref in phys.loss.items():
             self.actors[r].append(Sink("loss.sink", inputs=(self.ref(ref),), key="loss",
                                        placement=phys.loss_placement, sbp=phys.loss_sbp,
-                                       scope=self.scope[ref.node], micro_reduce="mean"))
+                                       scope=self.scope_of(ref.node), micro_reduce="mean"))
         if not outputs:
             return
         for gname, per_rank in phys.outputs.items():
@@ -294,7 +304,7 @@ class _Lowering:
                 param = gname[:-5] if gname.endswith(".grad") else gname
                 pl = phys.source_placement.get(param, phys.loss_placement)
                 self.actors[r].append(Sink(f"{gname}.sink", inputs=(self.ref(ref),), key=gname, placement=pl,
-                                           sbp=node.out_sbps[ref.out], scope=self.scope[ref.node],
+                                           sbp=node.out_sbps[ref.out], scope=self.scope_of(ref.node),
                                            micro_reduce="sum"))
 
     def compiler_order(self) -> list[CommSlot]:
