@@ -122,11 +122,23 @@ def recorded_like_export(root: nn.Module) -> Iterator[None]:
         yield
 
 
+def _code_on_demand() -> contextlib.AbstractContextManager[None]:
+    """GraphModules made inside write their Python code only when it is read or run (torch.fx's
+    ``_LazyGraphModule``, what Inductor uses for graphs it never runs). The capture reads the joint graph's
+    nodes and never runs it, so the code generation AOTAutograd does twice per capture (a few hundredths
+    of a second for two layers of Llama) is skipped; anything that does run the module gets its code then."""
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:  # a torch without it: the code is written as before
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
+
+
 def joint_direct(step: nn.Module, flat: tuple, decompositions: dict, stack: contextlib.ExitStack) -> fx.GraphModule:
     """The joint forward + backward graph of ``step`` (a module returning the loss) on ``flat``, traced once."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    with recorded_like_export(step):
+    with recorded_like_export(step), _code_on_demand():
         joint = aot_export_joint_with_descriptors(stack, step, flat, decompositions=decompositions)
     return joint.graph_module
 
