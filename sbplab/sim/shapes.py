@@ -37,7 +37,15 @@ def nbytes(m: TensorMeta) -> int:
 
 def hashable_attrs(attrs: object) -> object:
     """``attrs`` frozen (``sbplab.freeze``), or None when some value cannot be hashed (a tensor), which
-    only turns a cache off."""
+    only turns a cache off. A dict whose values hash already is not walked (``freeze_attrs``: the same key,
+    asked for every actor of every rank simulated)."""
+    if isinstance(attrs, dict):
+        items = tuple(sorted(attrs.items()))
+        try:
+            hash(items)
+            return items
+        except TypeError:
+            pass
     key = freeze(attrs)
     try:
         hash(key)
