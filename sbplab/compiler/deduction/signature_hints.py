@@ -110,4 +110,6 @@ def forced_signatures(graph: Graph, hints: list[SignatureHint]) -> dict[str, tup
 
 def escape(name: str) -> str:
     """A glob that matches exactly the op called ``name`` (brackets around ``*``, ``?`` and ``[``)."""
+    if "*" not in name and "?" not in name and "[" not in name:  # most names: the name itself
+        return name
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
