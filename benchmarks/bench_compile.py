@@ -10,10 +10,11 @@ imports a process's first capture makes (torch.export, AOTAutograd: ``import_cap
 before the clock, once per process like importing torch). The model is built on the meta device:
 compiling needs shapes, not weights, so no 1.2 GB of parameters are allocated. Goals: nn.Module to
 actor plan under 2 s for transformers' GPT-2 24 x 1024 (seq 1024) on 2x4, under 3 s for a 32-layer
-Llama; measured on a shared 2-core machine at a load of 1.7-2.2, fresh processes (median and range of
-CPU s): GPT-2 1.57 (1.52-2.13), Llama 2.81 (2.37-3.19), of which deduction 0.39 and 0.60; the tree
-before deduction's shape and FLOP formulas and plan-free boxing prices: 1.85 and 3.04, deduction 0.67
-and 0.95 (README has each pass).
+Llama; measured on a shared 2-core machine at a load of 1.8-2.1, five fresh processes each (median and
+range of CPU s): GPT-2 1.40 (1.38-1.50), Llama 2.21 (2.03-2.41), of which capture + deduction 0.99 and
+1.43; the tree before the middle layers were copied as converted ops (``layer_copy``), the joint graph
+module made lazy and the signature listing lightened, run in turn: 1.76 and 2.67, capture + deduction
+1.15 and 1.66 (its actor plan slower too, by that pass's own change since; README has each pass).
 
     .venv/bin/python benchmarks/bench_compile.py [--layers 24] [--width 1024] [--mesh 2x4]
     .venv/bin/python benchmarks/bench_compile.py --hf gpt2   # transformers' own model, captured at ATen level
