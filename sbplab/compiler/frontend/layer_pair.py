@@ -229,35 +229,22 @@ def _fill(v: Any, resolve: Callable[[Any], CopiedNode]) -> Any:
 
 def _flat_refs(spec: tuple[Any, Any]) -> list | None:
     """The nodes and ``_Ref``s of a middle node's (args, kwargs), in the order ``aten_capture._template``
-    takes a node's tensor arguments; None where a dict holds one (the template does not look inside)."""
+    takes a node's tensor arguments (through lists and tuples, args first); None where a dict holds one
+    (the template does not look inside dicts, so such a node is converted node by node)."""
     found: list = []
 
-    def walk(v: Any) -> bool:
+    def walk(v: Any, inside_dict: bool) -> bool:
         if isinstance(v, (_Ref, fx.Node)):
             found.append(v)
-            return True
+            return not inside_dict
         if isinstance(v, (list, tuple)):
-            return all(walk(x) for x in v)
+            return all([walk(x, inside_dict) for x in v])
         if isinstance(v, dict):
-            inner: list = []
-            _flatten_dict(v, inner)
-            return not inner
+            return all([walk(x, True) for x in v.values()])
         return True
 
     args, kwargs = spec
-    ok = walk(args) and all(walk(v) for v in kwargs.values())
-    return found if ok else None
-
-
-def _flatten_dict(v: Any, found: list) -> None:
-    if isinstance(v, (_Ref, fx.Node)):
-        found.append(v)
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            _flatten_dict(x, found)
-    elif isinstance(v, dict):
-        for x in v.values():
-            _flatten_dict(x, found)
+    return found if walk(args, False) and all([walk(v, False) for v in kwargs.values()]) else None
 
 
 def _build(gm: fx.GraphModule, pair: _Pair, middle: dict, prefix: str, n_layers: int) -> _Nodes:
