@@ -165,9 +165,9 @@ class GroupedLowering:
             rb, mb = bucket_of.get(rn.collective), bucket_of.get(mn.collective)  # type: ignore[arg-type]
             if (rb is None) != (mb is None):
                 return False
+            pos = self.lw.bucket_pos
             if rb is not None and (len(rb.collectives) != len(mb.collectives)  # type: ignore[union-attr]
-                                   or rb.collectives.index(rn.collective)
-                                   != mb.collectives.index(mn.collective)):  # type: ignore[union-attr]
+                                   or pos[rn.collective] != pos[mn.collective]):  # type: ignore[index]
                 return False
         return True
 
@@ -204,6 +204,13 @@ class GroupedLowering:
                 append(None)
                 if mn.stage in own:
                     stage_of[f"n{mn.id}"] = mn.stage
+                continue
+            if kind == "boxing" and mn.collective in bucket_of:  # ``_Lowering.node`` of a bucket member, direct
+                before = len(actors)
+                lw.bucket_member(mn)
+                if (len(actors) != before or rstarts[i + 1] != s) and \
+                        not _actors_match(theirs[s:rstarts[i + 1]], actors[before:]):
+                    return i
                 continue
             step = mn.attrs.get("plan_step") if kind == "boxing" else None
             lowering = step.kind_obj.lowering if step is not None and mn.collective not in bucket_of else None

@@ -74,6 +74,7 @@ class _Lowering:
         self.initial: dict[str, dict[int, torch.Tensor]] = {}  # tensor -> rank -> shard, cut when first asked
         self.buckets = plan_buckets(phys, graph, bucket_mb * 2**20)
         self.bucket_of = {c: b for b in self.buckets for c in b.collectives}  # collective index -> its bucket
+        self.bucket_pos = {c: i for b in self.buckets for i, c in enumerate(b.collectives)}  # its place there
         self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
         self.refs: dict[int, Ref] = {}  # id of a PhysRef (node, output) -> its register
@@ -226,16 +227,20 @@ class _Lowering:
             kw = self.coll_attrs[key] = step.kind_obj.collective_attrs(step, key[1], n.in_shapes[0], shape)
         return kw
 
-    def bucket_member(self, n: PhysNode, common: dict) -> None:
+    def bucket_member(self, n: PhysNode, common: dict | None = None) -> None:
         """A gradient reduction that runs in a bucket: its output is a view the bucket's unpack hands
-        out; the bucket's actors are made when its last member on this rank is lowered."""
+        out; the bucket's actors are made when its last member on this rank is lowered (``common``: the
+        node's phase, scope and registers, made then when not given)."""
         b = self.bucket_of[n.collective]  # type: ignore[index]
-        self.alias[n.id] = Ref(f"b{b.index}.unpack", b.collectives.index(n.collective))  # type: ignore[arg-type]
+        pos = self.bucket_pos
+        self.alias[n.id] = Ref(f"b{b.index}.unpack", pos[n.collective])  # type: ignore[index]
         self.name[n.id] = f"b{b.index}.unpack"
         members = self.waiting.setdefault((b.index, n.rank), [])
         members.append(n)
         if len(members) == len(b.collectives):
-            members.sort(key=lambda m: b.collectives.index(m.collective))  # type: ignore[arg-type]
+            members.sort(key=lambda m: pos[m.collective])  # type: ignore[index]
+            if common is None:
+                common = dict(phase=n.phase, scope=self.scope_of(n.id), registers=self.regs(n))
             self.add(n, *bucket_actors(b, members, [self.ref(m.inputs[0]) for m in members], self.graph, common,
                                        self.bucket_layouts))
 
