@@ -33,13 +33,14 @@ Then the re-rank lowers and orders one rank per class: a member rank's plain ker
 against its representative but made only when asked for (``runtime/actor_plan.py``'s ``LazyRankPlan``), a
 pipeline's communication order comes from one rank per stage (``runtime/schedule_classes.py``), and a pipeline
 space whose floor from the one-device prices (``Space.flat_floor``) rules it out is not priced. At a load of
-1.9-2.3, two rounds back to back, fresh processes, the tree before these changes in brackets: GPT-2 small 14.4
-and 14.5 s of CPU [18.2, 16.3], 0.78 GB [0.78]; the 16-layer GPT on 64, 40.1 and 42.7 s [53.5, 56.4], 1.66 GB
-[1.84]; the same winners at the same simulated step times (ZeRO-3 x8 at 24.26 ms, data parallel x64 at
-51.72 ms). ``--phases gpt16`` (load 1.5): 40.4 s, the re-rank 20.8 (lowering 9.3, of which the plans' checks
-and communication order 1.1; expansion 4.8, simulation 3.4, deduction 2.0), outside it 19.6. Both goals are
-still missed: every pass of the re-rank before the plan (expansion, the check of each member's op instances
-against its representative's) still works per op instance of every rank.
+0.9-1.3, two rounds back to back, fresh processes, these changes alone on the tree before them (in brackets):
+GPT-2 small 15.9 and 13.1 s of CPU [16.6, 15.3], 0.77 GB [0.78]; the 16-layer GPT on 64, 40.9 and 45.4 s
+[61.3, 54.4], 1.66 GB [1.84]; the same winners at the same simulated step times (ZeRO-3 x8 at 24.26 ms, data
+parallel x64 at 51.72 ms). With the capture and deduction changes made beside them, the tree then gave 13.8
+and 40.9 s. ``--phases gpt16`` (load 1.5): 40.4 s, the re-rank 20.8 (lowering 9.3, of which the plans'
+checks and communication order 1.1; expansion 4.8, simulation 3.4, deduction 2.0), outside it 19.6. Both
+goals are still missed: every pass of the re-rank before the plan (expansion, the check of each member's op
+instances against its representative's) still works per op instance of every rank.
 """
 
 from __future__ import annotations
