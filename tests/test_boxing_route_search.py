@@ -14,6 +14,7 @@ import pytest
 import sbplab as sl
 from sbplab.boxing.costs import edge_cost, state_ok
 from sbplab.boxing.route import ZERO, candidates, find_route, partial_ops, state_graph
+from sbplab.boxing.state_graph import packed, unpacked
 from sbplab.sbp import B, P, S
 
 HW = sl.Hardware.cpu_box()
@@ -110,4 +111,17 @@ def test_listed_steps_are_exactly_the_costed_ones(shape, mesh_shape):
                 and edge_cost(shape, mesh_shape, state, axis, x, 4, HW) is not None}
         assert listed == want, state
         for e in g.out(i):
-            assert g.key(e) == edge_cost(shape, mesh_shape, state, *e[1], 4, HW).key
+            assert unpacked(g.key(e)) == edge_cost(shape, mesh_shape, state, *e[1], 4, HW).key
+
+
+def test_packed_keys_order_and_add_as_tuples():
+    """A search adds and compares packed keys: they must order and add exactly as the (ticks, bytes, steps)
+    tuples do, and a key beyond the packed range is refused rather than wrapped."""
+    rng = random.Random(0)
+    keys = [(rng.choice([0, 1, 10**30]) * rng.randrange(1, 10**6), rng.randrange(0, 2**70), rng.randrange(0, 9))
+            for _ in range(300)]
+    for a, b in zip(keys, keys[1:]):
+        assert (packed(a) < packed(b)) == (a < b)
+        assert unpacked(packed(a) + packed(b)) == (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+    with pytest.raises(ValueError):
+        packed((1, 2**96, 1))

@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..hardware import Hardware
-from ..layout import LayoutError, check_layout
+from ..layout import LayoutError, check_layout, numel
 from ..placement import Placement
 from ..sbp import NdSbp, Partial, SbpParallel, Split
 from .kinds import KINDS, StepKind, kind_of, kinds_between, on_change
@@ -167,6 +167,13 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis
             sizes[d] //= mesh_shape[a]
     spans = [range(n) if a == axis or (splits[a] != -1 and not even) else (0,) * n
              for a, n in enumerate(mesh_shape)]
+    if even:  # every coordinate holds the same piece: its group's members' elements, shared by every
+        # tensor and mesh whose groups on ``axis`` work on that piece (a micro-batch's, a stage mesh's)
+        row = _group_elements(kind, tuple(_piece_extents(shape, mesh_shape, splits, (0,) * len(mesh_shape))), old,
+                              new, p)
+        every = [row[c[axis]] for c in itertools.product(*spans)]
+        sent = tuple(x[0] * itemsize for x in every)
+        return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)
     per: dict[tuple[int, ...], tuple[int, int, int]] = {}
     seen: dict[tuple, tuple[int, int, int]] = {}  # (piece, place on ``axis``): even splits leave few distinct
     for coord in itertools.product(*(sorted(set(s)) for s in spans)):
@@ -178,6 +185,39 @@ def _kind_bytes(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis
     every = [per[c] for c in itertools.product(*spans)]
     sent = tuple(x[0] * itemsize for x in every)
     return sent, tuple(x[1] * itemsize for x in every), max(x[2] for x in every) * itemsize, sum(sent)
+
+
+@lru_cache(maxsize=65536)
+def _kind_load(kind: StepKind, shape, mesh_shape, splits: tuple[int, ...], axis: int, old: SbpParallel,
+               new: SbpParallel, itemsize: int) -> tuple[int, int]:
+    """(the busiest coordinate's bytes, bytes sent by all) of ``_kind_bytes``: all a route search's key
+    needs. Where the other axes split evenly every group works on the same piece, so both come from one
+    group's members without listing every coordinate of the mesh."""
+    sizes = list(shape)
+    for a, d in enumerate(splits):  # the test ``_kind_bytes`` makes, in its order
+        if isinstance(d, tuple):
+            d, k = d
+            if sizes[d] // k % mesh_shape[a]:
+                break
+            sizes[d] //= mesh_shape[a]
+        elif d != -1:
+            if sizes[d] % mesh_shape[a]:
+                break
+            sizes[d] //= mesh_shape[a]
+    else:  # even: as ``_kind_bytes`` has it, each of the size / p groups sends what this one does
+        row = _group_elements(kind, tuple(_piece_extents(shape, mesh_shape, splits, (0,) * len(mesh_shape))), old,
+                              new, mesh_shape[axis])
+        groups = numel(mesh_shape) // mesh_shape[axis]
+        return max(x[2] for x in row) * itemsize, groups * sum(x[0] * itemsize for x in row)
+    return _kind_bytes(kind, shape, mesh_shape, splits, axis, old, new, itemsize)[2:]
+
+
+@lru_cache(maxsize=65536)
+def _group_elements(kind: StepKind, piece: tuple[int, ...], old: SbpParallel, new: SbpParallel,
+                    p: int) -> tuple[tuple[int, int, int], ...]:
+    """``kind.rank_elements`` of each member of a group of ``p`` working on ``piece``: what a step's bytes
+    depend on (the kind's own arithmetic), whatever tensor and mesh the piece came from."""
+    return tuple(kind.rank_elements(piece, old, new, p, i) for i in range(p))
 
 
 def step_rates(kinds: tuple[StepKind, ...], hardware: Hardware, axis: int,
@@ -201,7 +241,7 @@ def cheapest(shape: tuple[int, ...], mesh_shape: tuple[int, ...], splits: tuple[
     best: tuple[int, int, int] | None = None
     at = 0
     for n, kind in enumerate(kinds):
-        _, _, busy, total = _kind_bytes(kind, shape, mesh_shape, splits, axis, old, new, itemsize)
+        busy, total = _kind_load(kind, shape, mesh_shape, splits, axis, old, new, itemsize)
         rate = rates[n]  # TickRate(rounds, busy), its rounds already counted
         key = (0 if rate is None else rate[0] + busy * rate[1], total, 1)
         if best is None or key < best:
@@ -236,3 +276,5 @@ def explain_step(kind: str, old: SbpParallel, new: SbpParallel, axis_label: str)
 on_change(edge_cost.cache_clear)
 on_change(step_kinds.cache_clear)
 on_change(_kind_bytes.cache_clear)
+on_change(_group_elements.cache_clear)
+on_change(_kind_load.cache_clear)

@@ -16,7 +16,7 @@ from ..errors import SbplabError
 from ..hardware import Hardware
 from ..sbp import NdSbp, Partial, SbpParallel, fmt_sbp
 from .kinds import on_change
-from .state_graph import Key, StateGraph, state_graph
+from .state_graph import _TICKS_AT, Key, StateGraph, state_graph, unpacked
 from .state_graph import candidates as candidates  # where callers have always found it
 from .ticks import time_scale
 
@@ -55,16 +55,16 @@ class _Search:
     __slots__ = ("best", "came", "done", "heap", "pending")
 
     def __init__(self, start: int) -> None:
-        self.best: dict[int, Key] = {start: ZERO}
+        self.best: dict[int, int] = {start: 0}  # packed keys
         self.came: dict[int, tuple[int, Hop | None]] = {start: (-1, None)}
-        self.done: dict[int, tuple[Key, int, Hop | None]] = {}
-        self.heap: list[tuple[Key, int]] = [(ZERO, start)]
+        self.done: dict[int, tuple[int, int, Hop | None]] = {}
+        self.heap: list[tuple[int, int]] = [(0, start)]
         self.pending: int | None = None  # settled, its steps not relaxed yet
 
 
 def _dijkstra(g: StateGraph, start: int, target: int | None = None, backward: bool = False
-              ) -> dict[int, tuple[Key, int, Hop | None]]:
-    """Settled state ids -> (key, previous id on the path, hop), up to ``target`` at least (all of
+              ) -> dict[int, tuple[int, int, Hop | None]]:
+    """Settled state ids -> (packed key, previous id on the path, hop), up to ``target`` at least (all of
     them without one). The search is kept in ``g`` and goes on from there when asked again.
 
     Backward, it searches from ``start`` over entering steps: the "previous" id is then the next
@@ -100,7 +100,7 @@ def _dijkstra(g: StateGraph, start: int, target: int | None = None, backward: bo
             c = edge[2]
             if c is None:
                 c = g.key(edge)
-            k = (key[0] + c[0], key[1] + c[1], key[2] + c[2])
+            k = key + c
             b = best.get(j)
             if b is None or k < b:
                 best[j] = k
@@ -123,7 +123,7 @@ def _unreachable(src: NdSbp, dst: NdSbp, shape, mesh_shape) -> BoxingError:
     )
 
 
-def _walk(done: dict[int, tuple[Key, int, Hop | None]], i: int) -> list[Hop]:
+def _walk(done: dict[int, tuple[int, int, Hop | None]], i: int) -> list[Hop]:
     hops = []
     while done[i][1] != -1:
         hops.append(done[i][2])
@@ -142,7 +142,7 @@ def find_route(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, mesh_shape: tuple
     done = _dijkstra(g, s, t)
     if t not in done:
         raise _unreachable(src, dst, shape, mesh_shape)
-    return Route(tuple(reversed(_walk(done, t))), done[t][0])
+    return Route(tuple(reversed(_walk(done, t))), unpacked(done[t][0]))
 
 
 @lru_cache(maxsize=1024)
@@ -151,7 +151,7 @@ def routes_from(shape: tuple[int, ...], src: NdSbp, mesh_shape: tuple[int, ...],
     """Cheapest routes from ``src`` to every reachable state."""
     g = state_graph(shape, mesh_shape, itemsize, hardware, ops)
     done = _dijkstra(g, g.id(src))
-    return {g.states[i]: Route(tuple(reversed(_walk(done, i))), k) for i, (k, _, _) in done.items()}
+    return {g.states[i]: Route(tuple(reversed(_walk(done, i))), unpacked(k)) for i, (k, _, _) in done.items()}
 
 
 def seconds_from(g: StateGraph, src: NdSbp) -> dict[NdSbp, float]:
@@ -165,7 +165,7 @@ def seconds_from(g: StateGraph, src: NdSbp) -> dict[NdSbp, float]:
     scale = time_scale(g.hardware)
     secs: dict[int, float] = {}
     for i, (key, prev, _) in done.items():
-        secs[i] = 0.0 if prev == -1 else secs[prev] + (key[0] - done[prev][0][0]) / scale
+        secs[i] = 0.0 if prev == -1 else secs[prev] + ((key >> _TICKS_AT) - (done[prev][0] >> _TICKS_AT)) / scale
     return {g.states[i]: t for i, t in secs.items()}
 
 
@@ -175,7 +175,7 @@ def routes_to(shape: tuple[int, ...], dst: NdSbp, mesh_shape: tuple[int, ...], i
     """Cheapest routes from every state that can reach ``dst`` (hops in forward order)."""
     g = state_graph(shape, mesh_shape, itemsize, hardware, ops)
     done = _dijkstra(g, g.id(dst), backward=True)
-    return {g.states[i]: Route(tuple(_walk(done, i)), k) for i, (k, _, _) in done.items()}
+    return {g.states[i]: Route(tuple(_walk(done, i)), unpacked(k)) for i, (k, _, _) in done.items()}
 
 
 def apply_hops(state: NdSbp, hops: tuple[Hop, ...]) -> list[NdSbp]:

@@ -23,6 +23,23 @@ from .kinds import on_change
 
 Key = tuple[int, int, int]  # (exact time in ticks of ticks.time_scale, bytes sent by all ranks, steps)
 
+# A search adds and compares keys millions of times, so inside it a key (ticks, bytes, steps) is one int,
+# ticks << 128 | bytes << 32 | steps: every field is a whole number >= 0, and while bytes < 2**96 and steps
+# < 2**32 (a route's bytes by all ranks, its steps: far below) ints add field by field without a carry and
+# order as the tuples do, so the pops, ties and paths are exactly those of a search on tuples.
+_BYTES_AT, _TICKS_AT = 32, 128
+
+
+def packed(k: Key) -> int:
+    """``k`` as one int (see above); ``unpacked`` gives it back."""
+    if not (0 <= k[1] < 1 << (_TICKS_AT - _BYTES_AT) and 0 <= k[2] < 1 << _BYTES_AT and k[0] >= 0):
+        raise ValueError(f"a step key out of the packed range: {k}")
+    return k[0] << _TICKS_AT | k[1] << _BYTES_AT | k[2]
+
+
+def unpacked(k: int) -> Key:
+    return (k >> _TICKS_AT, (k >> _BYTES_AT) & ((1 << (_TICKS_AT - _BYTES_AT)) - 1), k & ((1 << _BYTES_AT) - 1))
+
 
 @lru_cache(maxsize=1024)
 def _has_kind(old: SbpParallel, new: SbpParallel) -> bool:
@@ -144,9 +161,10 @@ class StateGraph:
             self._turns[(oi, forward)] = got
         return got
 
-    def key(self, edge: list) -> Key:
-        """The step's search key (``edge_cost(...).key``), costed once and kept in the edge; shared with
-        the graphs of the same tensor that differ in their reduce ops (``_step_keys``)."""
+    def key(self, edge: list) -> int:
+        """The step's search key (``edge_cost(...).key``, packed into one int: ``route.packed``), costed once
+        and kept in the edge; shared with the graphs of the same tensor that differ in their reduce ops
+        (``_step_keys``)."""
         k = edge[2]
         if k is None:
             axis, new = edge[1]
@@ -160,15 +178,15 @@ class StateGraph:
                     kinds = step_kinds(old, new)
                     how = self._how[(edge[4], edge[5], axis)] = (
                         kinds, step_rates(kinds, self.hardware, axis, self.mesh_shape[axis]))
-                k = self._keys[shared] = cheapest(self.shape, self.mesh_shape, splits, axis, old, new,
-                                                  self.itemsize, *how)[0]
+                k = self._keys[shared] = packed(cheapest(self.shape, self.mesh_shape, splits, axis, old, new,
+                                                         self.itemsize, *how)[0])
             edge[2] = k
         return k
 
 
 @lru_cache(maxsize=256)
 def _step_keys(shape: tuple[int, ...], mesh_shape: tuple[int, ...], itemsize: int,
-               hardware: Hardware) -> dict[tuple, Key]:
+               hardware: Hardware) -> dict[tuple, int]:
     """Step keys by (piece splits, axis, old entry, new entry): what ``cheapest`` depends on besides the
     tensor and the mesh. The graphs of one tensor with different reduce ops share most of their steps."""
     return {}
