@@ -120,6 +120,45 @@ def test_a_member_unlike_its_representative_is_lowered_alone():
     assert sorted(m for ms in grouped.alike.values() for m in ms) == [0, 1, 3]
 
 
+def _grow(shapes):
+    return tuple((*s[:-1], s[-1] + 1) if s else (2,) for s in shapes)
+
+
+UNLIKE = [  # which node of rank 2 is changed, and how: each is a field the member check reads
+    ("a state's shard", lambda n: n.kind == "source" and n.op == "param", lambda n: {"out_shapes": _grow(n.out_shapes)}),
+    ("a reduction's shapes", lambda n: n.kind == "boxing" and n.collective is not None,
+     lambda n: {"in_shapes": _grow(n.in_shapes), "out_shapes": _grow(n.out_shapes)}),
+    ("a boxing's wiring", lambda n: n.kind == "boxing" and n.collective is not None, None),
+]
+
+
+def _rewire(phys, n):
+    """Node n reading another output of its rank made before it (a source: it reads nothing itself)."""
+    other = next(m for m in reversed(phys.nodes[:n.id]) if m.rank == n.rank and m.kind == "source"
+                 and m.id != n.inputs[0].node)
+    return {"inputs": (type(n.inputs[0])(other.id, 0),)}
+
+
+@pytest.mark.parametrize("name,pick,change", UNLIKE, ids=[u[0] for u in UNLIKE])
+def test_a_member_whose_state_or_boxing_differs_is_lowered_alone(name, pick, change):
+    """A state or a boxing step that differs on one rank (its shard, its shapes, which output it reads) keeps
+    that rank out of every group: the member check compares them however the nodes are matched."""
+    step = _mlp(presets.zero(4))
+    phys = step.physical
+    n = next(n for n in phys.nodes if n.rank == 2 and pick(n))
+    new = change(n) if change is not None else _rewire(phys, n)
+    old = {k: getattr(n, k) for k in new}
+    for k, v in new.items():
+        setattr(n, k, v)
+    try:
+        grouped = lower_to_actors(phys, step.graph)
+    finally:
+        for k, v in old.items():
+            setattr(n, k, v)
+    assert all(2 not in ms for ms in grouped.alike.values())
+    assert sorted(m for ms in grouped.alike.values() for m in ms) == [0, 1, 3]
+
+
 @pytest.mark.parametrize("name,make", [(c[0], c[1]) for c in CASES[1:]], ids=[c[0] for c in CASES[1:]])
 def test_members_kernels_are_made_when_asked(name, make):
     """A member of a group keeps its plain kernels unmade (``LazyRankPlan``) through the plan's checks, its

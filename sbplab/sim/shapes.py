@@ -157,6 +157,16 @@ def infer_rank_shapes(actors: list[Actor], rank: int, micro: int, batch: dict[st
     by_name = {a.name: a for a in actors}
     done: dict[str, ActorShapes] = {}
     for first in actors:  # depth first with an explicit stack: chains of thousands of actors are normal
+        if first.name in done:
+            continue
+        try:  # lowering lists a rank's actors in dependency order: most find their inputs done
+            ins = tuple([done[r.actor].outputs[r.index] for r in first.inputs])
+        except KeyError:
+            pass
+        else:
+            fa = hashable_attrs(_cost_attrs(first.attrs)) if isinstance(first, Compute) else ()
+            done[first.name] = ActorShapes(ins, _outputs(first, rank, micro, batch, ins, fa, cache), fa)
+            continue
         stack, entered = [first], set()
         while stack:
             a = stack[-1]

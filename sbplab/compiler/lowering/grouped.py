@@ -92,6 +92,9 @@ class GroupedLowering:
         self.rep_of: dict[int, _Rep] = {}
         self.made_from: dict[int, _Rep] = {}  # member rank -> the representative its actors are made from
         self.into_of: dict[int, dict[int, BufferSlot]] = {}  # member rank -> position -> its kernel's bucket slot
+        # (id of a collective's fields, id of a representative's actor) -> whether they agree: both live as long
+        # as the lowering (``_Lowering.coll_attrs``, the representative's actors)
+        self.fields_same: dict[tuple[int, int], bool] = {}
 
     # --- lowering -----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -145,6 +148,19 @@ class GroupedLowering:
 
     def _node_alike(self, rn: PhysNode, mn: PhysNode) -> bool:
         local = self.local
+        step = rn.attrs.get("plan_step") if rn.kind == "boxing" else None
+        if step is not None and mn.kind == "boxing" and mn.attrs.get("plan_step") is step:
+            # One boxing step (a planned route may be shared by boxings: the tensor, phase and stage are
+            # compared): its dtype is the tensor's, nothing accumulates, and the op names the step's kind (a
+            # move's send or receive).
+            if (rn.logical != mn.logical or rn.op != mn.op or rn.when != mn.when or rn.phase != mn.phase
+                    or rn.stage != mn.stage or rn.out_shapes != mn.out_shapes or rn.in_shapes != mn.in_shapes
+                    or (rn.collective is None) != (mn.collective is None) or len(rn.inputs) != len(mn.inputs)):
+                return False
+            for a, b in zip(rn.inputs, mn.inputs):
+                if a.out != b.out or local[a.node] != local[b.node]:
+                    return False
+            return self._same_bucket_place(rn, mn)
         if (rn.kind != mn.kind or rn.op != mn.op or rn.logical != mn.logical or rn.when != mn.when
                 or rn.stage != mn.stage or rn.phase != mn.phase or rn.accumulate != mn.accumulate
                 or rn.out_shapes != mn.out_shapes or rn.in_shapes != mn.in_shapes
@@ -161,15 +177,18 @@ class GroupedLowering:
         if rn.kind == "boxing":
             if rn.attrs.get("plan_step") is not mn.attrs.get("plan_step"):
                 return False
-            bucket_of = self.lw.bucket_of
-            rb, mb = bucket_of.get(rn.collective), bucket_of.get(mn.collective)  # type: ignore[arg-type]
-            if (rb is None) != (mb is None):
-                return False
-            pos = self.lw.bucket_pos
-            if rb is not None and (len(rb.collectives) != len(mb.collectives)  # type: ignore[union-attr]
-                                   or pos[rn.collective] != pos[mn.collective]):  # type: ignore[index]
-                return False
+            return self._same_bucket_place(rn, mn)
         return True
+
+    def _same_bucket_place(self, rn: PhysNode, mn: PhysNode) -> bool:
+        """Both in no bucket, or at the same place of buckets of as many reductions."""
+        bucket_of = self.lw.bucket_of
+        rb, mb = bucket_of.get(rn.collective), bucket_of.get(mn.collective)  # type: ignore[arg-type]
+        if (rb is None) != (mb is None):
+            return False
+        pos = self.lw.bucket_pos
+        return rb is None or (len(rb.collectives) == len(mb.collectives)  # type: ignore[union-attr]
+                              and pos[rn.collective] == pos[mn.collective])  # type: ignore[index]
 
     def _copy(self, rep: _Rep, r: int, nodes: list[PhysNode]) -> int:
         """Rank r's actors made from ``rep``'s, node by node: -1 when every node and actor matched, else the
@@ -179,7 +198,7 @@ class GroupedLowering:
         actors, theirs, rnodes, rstarts = lw.actors[r], lw.actors[rep.rank], rep.nodes, rep.starts
         name_of, scope_of, ref, micro, local = lw.name, lw.scope, lw.ref, lw.phys.micro_batches > 1, self.local
         own, stage_of, bucket_of, node_alike = lw.own.get(r, ()), lw.stage_of[r], lw.bucket_of, self._node_alike
-        append = actors.append
+        append, fields_same = actors.append, self.fields_same
         for i, mn in enumerate(nodes):
             rn = rnodes[i]
             kind = mn.kind
@@ -197,14 +216,18 @@ class GroupedLowering:
                 if own and mn.stage in own:  # ``_Lowering.node`` names it (``_Lowering.ref`` knows)
                     stage_of[f"n{mn.id}"] = mn.stage
                 continue
-            if not node_alike(rn, mn):
-                return i
-            s = rstarts[i]
             if kind == "source" and mn.op != "input":  # a state: made with its shard by ``fill``
+                # A source's role, dtype, SBP, stage, phase and when are its tensor's (``expand.sources``),
+                # and it reads nothing: the same tensor and local shape are all ``_node_alike`` would find.
+                if rn.kind != kind or rn.op != mn.op or rn.logical != mn.logical or rn.out_shapes != mn.out_shapes:
+                    return i
                 append(None)
                 if mn.stage in own:
                     stage_of[f"n{mn.id}"] = mn.stage
                 continue
+            if not node_alike(rn, mn):
+                return i
+            s = rstarts[i]
             if kind == "boxing" and mn.collective in bucket_of:  # ``_Lowering.node`` of a bucket member, direct
                 before = len(actors)
                 lw.bucket_member(mn)
@@ -227,7 +250,12 @@ class GroupedLowering:
                     a.attrs, a.inputs = dict(attrs), (ref(mn.inputs[0]),)  # type: ignore[attr-defined]
                 elif lowering == "collective":  # ``_Lowering.collective`` for this rank's group
                     kw = lw.collective_fields(mn)
-                    if any(k != "src" and _norm(v) != ra.__dict__[k] for k, v in kw.items()):
+                    key = (id(kw), id(ra))  # the members of one group share kw: compared once per group
+                    same = fields_same.get(key)
+                    if same is None:
+                        same = fields_same[key] = not any(k != "src" and _norm(v) != ra.__dict__[k]
+                                                          for k, v in kw.items())
+                    if not same:
                         return i
                     name = a.name = name_of[mn.id] = f"c{mn.collective}"
                     a.inputs = (ref(mn.inputs[0]),)

@@ -77,6 +77,7 @@ class _Lowering:
         self.bucket_pos = {c: i for b in self.buckets for i, c in enumerate(b.collectives)}  # its place there
         self.waiting: dict[tuple[int, int], list[PhysNode]] = {}  # (bucket, rank) -> members lowered so far
         self.alias: dict[int, Ref] = {}  # node -> the register that holds its output (a bucket's view)
+        self.bucket_views: dict[int, Ref] = {}  # collective index -> its bucket's view (``bucket_member``)
         self.refs: dict[int, Ref] = {}  # id of a PhysRef (node, output) -> its register
         self.coll_attrs: dict[tuple, dict] = {}  # (plan step, group, input shape) -> the Collective's fields
         self.bucket_layouts: dict[tuple, tuple] = {}  # (bucket, group, shapes) -> its layout (``bucket_actors``)
@@ -233,8 +234,11 @@ class _Lowering:
         node's phase, scope and registers, made then when not given)."""
         b = self.bucket_of[n.collective]  # type: ignore[index]
         pos = self.bucket_pos
-        self.alias[n.id] = Ref(f"b{b.index}.unpack", pos[n.collective])  # type: ignore[index]
-        self.name[n.id] = f"b{b.index}.unpack"
+        view = self.bucket_views.get(n.collective)  # type: ignore[arg-type]
+        if view is None:  # the same register name on every rank: one Ref per bucket place (a Ref is immutable)
+            view = self.bucket_views[n.collective] = Ref(f"b{b.index}.unpack", pos[n.collective])  # type: ignore[index]
+        self.alias[n.id] = view
+        self.name[n.id] = view.actor
         members = self.waiting.setdefault((b.index, n.rank), [])
         members.append(n)
         if len(members) == len(b.collectives):

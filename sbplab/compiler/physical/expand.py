@@ -18,6 +18,11 @@ from ..deduction.deduce import Boxing, Deduction
 from ..ir import GraphError
 from .graph import PhysCollective, PhysicalGraph, PhysNode, PhysRef
 
+# (placement, mesh axis) -> rank -> its group on that axis: a pure function of the placement, asked for every
+# rank of every axis step, and the same for every strategy a search compiles on one mesh
+_GROUPS: dict[tuple, dict[int, tuple[int, ...]]] = {}
+_GROUPS_KEPT = 4096
+
 
 class _Lowerer:
     def __init__(self, d: Deduction) -> None:
@@ -26,12 +31,14 @@ class _Lowerer:
         self.colls: list[PhysCollective] = []
         self.stored: dict[str, dict[int, PhysRef]] = {}  # tensor -> rank -> where it is stored
         self.boxed: dict[int, dict[int, PhysRef]] = {}  # boxing -> rank -> its result (made for all ranks at once)
+        if len(_GROUPS) > _GROUPS_KEPT:
+            _GROUPS.clear()
         self._local: dict[tuple, dict[int, tuple]] = {}  # op's question -> rank -> its view; identical layers share
         # per (shape, placement, sbp) or (placement, axis): rank -> its answer; a placement hashes in Python,
         # so it is hashed once per question, not once per rank
         self._shapes: dict[tuple, dict[int, tuple[int, ...]]] = {}
         self._blocks: dict[tuple, dict[int, tuple]] = {}
-        self._groups: dict[tuple, dict[int, tuple[int, ...]]] = {}
+        self._groups = _GROUPS
 
     def blocks(self, shape, pl, sbp) -> dict[int, tuple]:
         """Rank -> its local block of a ``shape`` tensor laid out ``(pl, sbp)`` (filled on first ask)."""

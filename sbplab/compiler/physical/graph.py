@@ -69,7 +69,9 @@ class PhysNode:
     step: int | None = None
     collective: int | None = None
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """Kind, ``when`` and outputs valid. Called by ``PhysicalGraph`` for every node, in its one walk over
+        them, rather than on construction: expansion makes a node per op and rank (millions at 64 ranks)."""
         if self.kind not in NODE_KINDS:
             raise ValueError(f"PhysNode.kind must be one of {NODE_KINDS}, got {self.kind!r}")
         if self.when not in WHEN:
@@ -139,9 +141,12 @@ class PhysicalGraph:
     output_placement: dict[str, Placement] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        kinds, whens = NODE_KINDS, WHEN
         for i, n in enumerate(self.nodes):
             if n.id != i:
                 raise ValueError(f"PhysicalGraph.nodes must be numbered 0..n-1 in order; node {i} has id {n.id}")
+            if n.kind not in kinds or n.when not in whens or len(n.out_shapes) != len(n.out_dtypes):
+                n.check()
             for r in n.inputs:
                 if r.node >= i:
                     raise ValueError(f"node {i} reads node {r.node}, which comes later: the order must be topological")
