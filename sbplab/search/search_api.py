@@ -73,6 +73,10 @@ class Space:
                                                        capture_fn=self.captures)
         return self._graphs[m]
 
+    def traced(self, m: int) -> bool:
+        """Whether the training graph of ``m`` micro-batches is built already (``graph``)."""
+        return m in self._graphs
+
     def priced_ops(self, mesh: MeshChoice, m: int = 1) -> PricedOps:
         """The ops of ``problem(mesh, m)`` priced, its edges not: enough for a lower bound."""
         key = (mesh, m)
@@ -476,9 +480,18 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
             skipped += 1
             report.step("pipelines")
             continue
-        try:  # the micro-batch graph is traced only for a space its first two floors let win
-            real1 = space.real_pre_floor(mesh, S, M, z) if bound < kth else float("inf")
-            floor = space.stage_floor(mesh, M).value(z, M + S - 1) / S if real1 < kth else float("inf")
+        # then the one-micro-batch graph's real edges (``real_pre_floor``) and the micro-batch graph's floor
+        # (``stage_floor``): a space is solved only if every floor lets it win, so their order changes only
+        # the cost. The micro-batch graph is traced only for a space the first floors let win; once traced
+        # (a preset or an earlier space needed it), its floor goes first: far tighter, and cheaper than
+        # pricing the stage mesh's real edges
+        floor = bound
+        try:
+            for which in ("stage", "real") if space.traced(M) else ("real", "stage"):
+                if floor >= kth:
+                    break
+                floor = space.real_pre_floor(mesh, S, M, z) if which == "real" else \
+                    space.stage_floor(mesh, M).value(z, M + S - 1) / S
         except (ValueError, GraphError):
             report.step("pipelines")
             continue
