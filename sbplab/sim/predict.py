@@ -29,7 +29,7 @@ from .framework import Framework, overlapped_seconds
 from .memory_model import warn_capacity
 from .prediction import Prediction, memory_fields
 from .register_memory import held_between_steps, peak_memory
-from .shapes import batch_shapes, infer_rank_shapes
+from .shapes import batch_shapes, infer_like, infer_rank_shapes
 from .sim_errors import SimulationError
 from .step_pricing import StepPricing, pricing_of
 from .symmetry import rank_classes
@@ -177,9 +177,17 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     redo = pricing.recomputed if pricing is not None else frozenset()
     orders = rank_orders(plan)
     alike = alike_ranks(plan, M, batch, known, hw, redo, orders)  # shapes and costs: once per alike group
-    for r in alike:
+    lowered = {m: rep for rep, ms in (plan.alike or {}).items() for m in ms}  # lowered from one rank: alike
+    inferred: dict[int, int] = {}  # lowering's representative -> the first rank of its group inferred
+    for r in alike:  # groups of one lowering group share the shapes of all but a few actors
         rp = plan.ranks[r]
-        shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
+        q = inferred.get(lowered.get(r, -1))
+        if q is None:
+            shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
+            if r in lowered:
+                inferred[lowered[r]] = r
+        else:
+            shapes[r] = infer_like(rp.actors, plan.ranks[q].actors, shapes[q], r, M, batch, shape_cache)
         row_c: list[FiringCost] = []
         for a in rp.actors:
             sh = shapes[r][a.name]
@@ -199,9 +207,10 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
         if r not in shapes:
             q = rep_alike[r]
             shapes[r] = renamed(plan.ranks[q].actors, plan.ranks[r].actors, shapes[q])
+    chains = {r: fuse_chains(plan.ranks[r].actors) for r in classes}  # read again by the memory model
     for r in classes:  # the ranks simulated: the runtime fires a fused chain as one actor, so its parts
         row_c = costs[r] = list(costs[r])  # after the first pay no firing overhead
-        for i in {i for chain in fuse_chains(plan.ranks[r].actors)[1] for i in chain[1:]}:
+        for i in {i for chain in chains[r][1] for i in chain[1:]}:
             row_c[i] = replace(row_c[i], seconds=row_c[i].seconds - row_c[i].overhead, overhead=0.0)
     work = {r: [c.seconds for c in costs[r]] for r in classes}  # the engine runs the classes' ranks
     busy_extra = {r: [c.busy_extra for c in costs[r]] for r in classes}
@@ -209,7 +218,7 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     step_of = {r: [M if a.scope == "micro" else 0 for a in plan.ranks[r].actors] for r in classes}
     ends = step_ends(firings, step_of, steps)
     lo, hi, n = window(ends)
-    mem = peak_memory(firings, {r: plan.ranks[r].actors for r in classes}, shapes, hi)
+    mem = peak_memory(firings, {r: plan.ranks[r].actors for r in classes}, shapes, hi, chains=chains)
     kept = {r: held_between_steps(plan.ranks[r].actors, shapes[r]) for r in classes}
     per_rep = rank_breakdown(firings, list(classes), lo, hi, n)
     if framework is not None and framework.grad_reduce_after_backward:  # the overlap becomes a serial tail

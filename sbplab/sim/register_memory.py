@@ -28,12 +28,13 @@ RankPeak = MemoryPeak  # the predicted peak is the same type as the measured one
 __all__ = ["CATEGORIES", "RankPeak", "categories", "held_between_steps", "peak_memory"]
 
 
-def unheld(acts: list[Actor]) -> set[tuple[int, int]]:
+def unheld(acts: list[Actor], chains: tuple | None = None) -> set[tuple[int, int]]:
     """(actor index, output) of the registers the runtime never holds: it fires a fused chain or gang
     (``runtime.fusion``) as one actor and hands the inner parts' outputs straight to the next part, so
-    only what the fused actor outputs lives in a register (the last part's, or a gang's ``exposed``)."""
+    only what the fused actor outputs lives in a register (the last part's, or a gang's ``exposed``).
+    ``chains``: ``fuse_chains(acts)`` when the caller has it already."""
     out: set[tuple[int, int]] = set()
-    fused, origin = fuse_chains(acts)
+    fused, origin = fuse_chains(acts) if chains is None else chains
     for fa, parts in zip(fused, origin):
         if len(parts) < 2:
             continue
@@ -73,13 +74,15 @@ def _persistent(acts: list[Actor], shapes: dict[str, ActorShapes],
 
 
 def peak_memory(firings: Firings, actors: dict[int, list[Actor]], shapes: dict[int, dict[str, ActorShapes]],
-                end_s: float, fused: bool = True) -> dict[int, RankPeak]:
+                end_s: float, fused: bool = True, chains: dict[int, tuple] | None = None) -> dict[int, RankPeak]:
     """Per simulated rank: the largest persistent + live register bytes over the simulated run.
-    ``fused``: as the runtime fires by default, the inner outputs of fused chains held by no register."""
+    ``fused``: as the runtime fires by default, the inner outputs of fused chains held by no register.
+    ``chains``: per rank, ``fuse_chains`` of its actors, where the caller made them already."""
     persistent: dict[int, dict[str, int]] = {}
     out_bytes: dict[int, list[list[tuple[int, str]]]] = {}
+    chains = chains or {}
     for r, acts in actors.items():
-        persistent[r], out_bytes[r] = _persistent(acts, shapes[r], unheld(acts) if fused else set())
+        persistent[r], out_bytes[r] = _persistent(acts, shapes[r], unheld(acts, chains.get(r)) if fused else set())
     deltas: dict[int, list[tuple[float, int, int, str]]] = {r: [] for r in actors}
     for j in range(len(firings.reg_rank)):
         r, i = firings.reg_rank[j], firings.reg_node[j]

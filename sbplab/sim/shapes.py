@@ -212,3 +212,54 @@ def _outputs(a: Actor, rank: int, micro: int, batch: dict[str, TensorMeta],
         return outs
     raise SimulationError(f"rank {rank}: actor {a.name!r} is a {type(a).__name__}, which the simulator cannot "
                           f"model (known: Source, State, Compute, Accumulate, Collective, Send, Recv, Sink)")
+
+
+_OWN = (Source, Recv, Collective)  # their outputs follow the rank's own shard, peer or place in its group
+
+
+def _same_work(a: Actor, b: Actor) -> bool:
+    """Whether ``a``, reading what ``b`` reads, makes what ``b`` makes (actors of one type, not ``_OWN``)."""
+    if isinstance(a, Compute):
+        if a.op != b.op or a.outputs != b.outputs:  # type: ignore[attr-defined]
+            return False
+        try:
+            return bool(a.attrs is b.attrs or a.attrs == b.attrs)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a tensor among them: inferred on its own
+            return False
+    if isinstance(a, State):
+        return tuple(a.init.shape) == tuple(b.init.shape) and a.init.dtype == b.init.dtype  # type: ignore[union-attr,attr-defined]
+    return isinstance(a, (Accumulate, Send, Sink))
+
+
+def infer_like(actors: list[Actor], like: list[Actor], like_shapes: dict[str, ActorShapes], rank: int, micro: int,
+               batch: dict[str, TensorMeta], cache: dict | None = None) -> dict[str, ActorShapes]:
+    """``infer_rank_shapes`` of a rank lowered from the same representative as the rank of ``like`` (whose
+    shapes are ``like_shapes``): its actors are those, position by position, but for names, the attributes
+    that say where a piece lies and its own communication. An actor of the same type, op and attributes as its
+    counterpart, reading the same metas, makes the same: it shares its ``ActorShapes``; the rest (sources,
+    receives, collectives, what reads other metas) are inferred. Why: the simulator infers one rank per alike
+    group, and the groups of one lowering differ in a few actors. Lists that do not line up, or a cycle:
+    ``infer_rank_shapes``."""
+    if len(actors) != len(like):
+        return infer_rank_shapes(actors, rank, micro, batch, cache)
+    cache = {} if cache is None else cache
+    done: dict[str, ActorShapes] = {}
+    todo = list(zip(actors, like))
+    while todo:  # in order; what reads a later actor (a bucket's unpack) waits for the next pass
+        later = []
+        for a, b in todo:
+            try:
+                ins = tuple([done[r.actor].outputs[r.index] for r in a.inputs])
+            except KeyError:
+                later.append((a, b))
+                continue
+            sb = like_shapes[b.name]
+            if type(a) is type(b) and not isinstance(a, _OWN) and ins == sb.inputs and _same_work(a, b):
+                done[a.name] = sb
+                continue
+            fa = hashable_attrs(_cost_attrs(a.attrs)) if isinstance(a, Compute) else ()
+            done[a.name] = ActorShapes(ins, _outputs(a, rank, micro, batch, ins, fa, cache), fa)
+        if len(later) == len(todo):  # no progress: a cycle or an unknown name, which the ordinary walk names
+            return infer_rank_shapes(actors, rank, micro, batch, cache)
+        todo = later
+    return done
