@@ -31,10 +31,12 @@ _BYTES_AT, _TICKS_AT = 32, 128
 
 
 def packed(k: Key) -> int:
-    """``k`` as one int (see above); ``unpacked`` gives it back."""
-    if not (0 <= k[1] < 1 << (_TICKS_AT - _BYTES_AT) and 0 <= k[2] < 1 << _BYTES_AT and k[0] >= 0):
-        raise ValueError(f"a step key out of the packed range: {k}")
-    return k[0] << _TICKS_AT | k[1] << _BYTES_AT | k[2]
+    """``k`` as one int (see above); ``unpacked`` gives it back. Whole floats (a shape given in floats) are
+    taken at their value; a fraction or a field out of range is refused rather than rounded or carried."""
+    t, b, n = (int(x) for x in k)
+    if (t, b, n) != tuple(k) or not (0 <= b < 1 << (_TICKS_AT - _BYTES_AT) and 0 <= n < 1 << _BYTES_AT and t >= 0):
+        raise ValueError(f"a step key that does not pack into one int: {k}")
+    return t << _TICKS_AT | b << _BYTES_AT | n
 
 
 def unpacked(k: int) -> Key:
