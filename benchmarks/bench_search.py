@@ -41,6 +41,13 @@ and 40.9 s. ``--phases gpt16`` (load 1.5): 40.4 s, the re-rank 20.8 (lowering 9.
 checks and communication order 1.1; expansion 4.8, simulation 3.4, deduction 2.0), outside it 19.6. Both
 goals are still missed: every pass of the re-rank before the plan (expansion, the check of each member's op
 instances against its representative's) still works per op instance of every rank.
+Then, outside the re-rank, route keys packed into one int, a step's bytes from one group's piece, and a traced
+micro-batch graph's floor before a stage mesh's real edges (README). At a load of 1.4-1.9, two rounds, fresh
+processes, the whole tree (the re-rank's own changes included) and, in brackets, the same tree without these
+three: GPT-2 small 13.6 and 12.7 s of CPU [15.0, 13.3], 0.72 GB [0.77]; the 16-layer GPT on 64, 38.0 and 37.2 s
+[37.1, 43.9], 1.36 GB [1.65]; the same winners at the same simulated step times. The search before the
+re-rank alone (A/B, two rounds): 13.1-13.2 s [16.0-16.4] at 64 devices, 5.7 [6.7] for GPT-2. Both goals are
+still missed.
 """
 
 from __future__ import annotations
