@@ -11,25 +11,20 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
+from tiny_steps import tiny_gpt_step, tiny_mlp_step
 
-from sbplab.compiler import SGD, Adam, compile, presets
-from sbplab.models import GPT, MLP, GPTConfig, MLPConfig
+from sbplab.compiler import SGD, Adam, presets
 from sbplab.runtime.actor_plan import ActorPlan, RankPlan
 from sbplab.runtime.schedule import derive_all
 from sbplab.runtime.schedule_classes import _Comms, derive_by_class, rank_classes
 
 
 def _gpt(strategy, optimizer, heads=2):
-    m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=heads, n_embd=16))
-    x = torch.randint(0, 32, (8, 8))
-    return compile(m, (x,), loss_fn=GPT.loss_fn, target=x, optimizer=optimizer, strategy=strategy)
+    return tiny_gpt_step(strategy, optimizer, heads)
 
 
 def _mlp(strategy, optimizer):
-    m = MLP(MLPConfig(in_dim=8, width=16, hidden=32, n_blocks=3, n_classes=4))
-    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-    return compile(m, (x,), loss_fn=torch.nn.functional.cross_entropy, target=y, optimizer=optimizer, strategy=strategy)
+    return tiny_mlp_step(strategy, optimizer, batch=16)
 
 
 def _classes(plan):
