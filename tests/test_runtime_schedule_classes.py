@@ -15,7 +15,8 @@ from tiny_steps import tiny_gpt_step, tiny_mlp_step
 
 from sbplab.compiler import SGD, Adam, presets
 from sbplab.runtime.actor_plan import ActorPlan, RankPlan
-from sbplab.runtime.schedule import derive_all
+from sbplab.runtime.calibrate_comm import collective_plan, comm_axes
+from sbplab.runtime.schedule import derive_all, derive_comm_order
 from sbplab.runtime.schedule_classes import _Comms, derive_by_class, rank_classes
 
 
@@ -69,3 +70,17 @@ def test_ranks_made_different_leave_their_class():
     got = derive_by_class(changed)
     assert got is None or got == derive_all(changed)
     assert changed.comm_order == derive_all(changed)
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_one_collective_name_on_several_groups_gets_the_order_of_all(n):
+    """Calibration's plans run a collective called "c0" on every group of a mesh axis: the full simulation
+    matches them by name, so the per-class one steps aside (it once issued one group's and not the other's)."""
+    for setting in comm_axes(n):
+        plan = collective_plan("all_reduce", setting, (1024, 4096), n, "cpu")
+        if len(setting.groups) > 1:
+            assert derive_by_class(plan) is None
+        for steps in (1, 2):
+            full = derive_all(plan, steps)
+            assert {s.rank for s in full} == set(range(n))
+            assert derive_comm_order(plan, steps) == full

@@ -93,6 +93,9 @@ class _Comms:
                 else:  # the peer's matching receive (or send), and r itself
                     j = p2p[(type(a) is not Send, a.peer, r, a.tag)]  # type: ignore[attr-defined]
                     mine[i] = tuple(sorted(((r, i), (a.peer, j))))  # type: ignore[attr-defined]
+        # one collective name on several groups (calibration's plans: every group runs "c0"): the full
+        # simulation matches such collectives by name alone, so one tick's groups complete as one
+        self.shared_names = len({name for name, _ in groups}) < len(groups)
 
 
 def rank_classes(plan: ActorPlan, busy: list[int], comms: _Comms) -> dict[int, int]:
@@ -119,11 +122,14 @@ def rank_classes(plan: ActorPlan, busy: list[int], comms: _Comms) -> dict[int, i
 
 def derive_by_class(plan: ActorPlan, steps: int = 1) -> tuple[CommSlot, ...] | None:
     """``schedule.derive_comm_order`` simulating one rank per class; None where the classes are the ranks
-    (nothing to save) or the simulation gets stuck (the full one reports the deadlock)."""
+    (nothing to save), where one collective name stands for several groups, or where the simulation gets
+    stuck (the full one reports the deadlock)."""
     busy = [r for r, rp in plan.ranks.items() if rp.n_actors]
     if not busy:
         return None
     comms = _Comms(plan, busy)
+    if comms.shared_names:
+        return None
     cls = rank_classes(plan, busy, comms)
     members: dict[int, list[int]] = {}
     for r in busy:
