@@ -125,13 +125,24 @@ def compile_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | No
     """Deduce, lower and size a training graph ``g`` (backward and update already added); with
     ``strategy.recompute``, on a copy of ``g`` whose backward recomputes activations (``recompute.py``).
     ``strategy.precision`` is how ``g`` was traced (``trace_training_graph(..., precision=...)``)."""
+    return expand_deduced(strategy, *deduce_training_graph(g, strategy, hardware))
+
+
+def expand_deduced(strategy: Strategy, g: Graph, d: Deduction, report: RecomputeReport | None = None) -> Compiled:
+    """The second half of ``compile_training_graph``: the deduction ``d`` of ``g`` expanded into the
+    physical graph, as a Compiled step."""
+    return Compiled(g, strategy, d, lower(d), recompute=report)
+
+
+def deduce_training_graph(g: Graph, strategy: Strategy, hardware: Hardware | None = None
+                          ) -> tuple[Graph, Deduction, RecomputeReport | None]:
+    """The first half of ``compile_training_graph``: (the graph compiled, its deduction, the recomputation
+    report). Apart so that a search can bound a candidate from its deduction before expanding it."""
     report = None
     if strategy.recompute != "none" and not any(op.name.endswith(SUFFIX) for op in g.ops_in("backward")):
         g = g.copy()
         report = apply_recompute(g, strategy.recompute)
-    d = deduce(g, strategy, hardware)
-    phys = lower(d)
-    return Compiled(g, strategy, d, phys, recompute=report)
+    return g, deduce(g, strategy, hardware), report
 
 
 def compile(model: torch.nn.Module, inputs: Any, *, target: torch.Tensor | None = None,

@@ -59,16 +59,21 @@ def simulate_candidate(c: Candidate, model: torch.nn.Module, inputs: Any, loss_f
 
 
 def _compile_and_simulate(c: Candidate, model: torch.nn.Module, inputs: Any, loss_fn: Callable | None,
-                          target: Any, optimizer: Any, hw: Hardware,
-                          graphs: Callable[[int], Any] | None = None) -> tuple[float, int, Any]:
+                          target: Any, optimizer: Any, hw: Hardware, graphs: Callable[[int], Any] | None = None,
+                          floors: Floors | None = None) -> tuple[float, int, Any] | None:
     """``graphs(m)``: the training graph of m micro-batches, as ``sl.compile`` would trace it (the search's
-    own): a copy is compiled instead of tracing the model again (an ATen capture takes seconds)."""
+    own): a copy is compiled instead of tracing the model again (an ATen capture takes seconds).
+    ``floors``: None (not simulated) when the deduction's floor says ``c`` cannot win (``Floors``), before
+    the expansion, lowering and simulation that take most of a finalist's seconds."""
     from ..compiler.api import compile as compile_step
-    from ..compiler.api import compile_training_graph
+    from ..compiler.api import deduce_training_graph, expand_deduced
 
     view = c.mesh.hardware(hw)
     if graphs is not None:
-        step = compile_training_graph(graphs(c.strategy.micro_batches).copy(), c.strategy, view)
+        g, d, report = deduce_training_graph(graphs(c.strategy.micro_batches).copy(), c.strategy, view)
+        if floors is not None and floors.cannot_win_deduced(c, d, view):
+            return None
+        step = expand_deduced(c.strategy, g, d, report)
     else:
         step = compile_step(model, inputs, loss_fn=loss_fn, target=target, optimizer=optimizer, strategy=c.strategy,
                             hardware=view)
@@ -184,8 +189,11 @@ def _rerank(ranked: list[Candidate], top: int, model: torch.nn.Module, inputs: A
             tick(c)
             continue
         try:
-            c.simulated_time, c.simulated_memory, steps[id(c)] = _compile_and_simulate(c, model, inputs, loss_fn, target,
-                                                                                       optimizer, hw, graphs)
+            got = _compile_and_simulate(c, model, inputs, loss_fn, target, optimizer, hw, graphs,
+                                        floors if c.method != USER_METHOD else None)
+            if got is None:  # its deduction's floor: it cannot win
+                continue
+            c.simulated_time, c.simulated_memory, steps[id(c)] = got
         except Exception as e:  # a candidate the compiler or simulator rejects is reported, not fatal
             notes.append(f"{c.describe()} could not be simulated: {type(e).__name__}: {str(e).splitlines()[0]}")
             continue

@@ -32,6 +32,7 @@ from ..hardware import Hardware, op_key
 from ..ops.registry import TensorMeta, get_op, local_context
 from ..sim.firing_cost import device_of
 from .candidate import Candidate
+from .deduced_floor import deduced_floor
 
 MARGIN = 0.05  # how far below its floor the simulator's 3-step window may put a step (see above), and more
 
@@ -98,15 +99,25 @@ class Floors:
         self.best = float("inf")  # best simulated step time within the memory limit
         self.best_preset = float("inf")  # best simulated preset, whatever its memory
         self.skipped: list[Candidate] = []
+        self.deduced: dict[int, float] = {}  # id(candidate) -> its deduction's floor, where one was taken
         self.broken = ""
 
     def cannot_win(self, c: Candidate) -> bool:
+        """Whether ``c``'s forward-op floor (``sim_floor``, before compiling) rules it out."""
+        return self._above(c, lambda: sim_floor(c, self.hw, self.cache))
+
+    def cannot_win_deduced(self, c: Candidate, d, view: Hardware) -> bool:
+        """Whether ``c``'s deduction ``d`` rules it out: the floor of every op and collective of its step
+        (``deduced_floor.py``) on ``view``, its mesh's view of the hardware; kept for ``check``."""
+        return self._above(c, lambda: self.deduced.setdefault(id(c), deduced_floor(d, view)))
+
+    def _above(self, c: Candidate, floor) -> bool:
         if not self.active:
             return False
         ref = max(self.best, self.best_preset) if c.method == "preset" else self.best
         if ref == float("inf"):
             return False
-        f = sim_floor(c, self.hw, self.cache)
+        f = floor()
         if f * (1 - MARGIN) > ref:
             c.sim_floor = f
             self.skipped.append(c)
@@ -121,7 +132,7 @@ class Floors:
         if c.method == "preset":
             self.best_preset = min(self.best_preset, t)
         if self.active:
-            f = sim_floor(c, self.hw, self.cache)
+            f = max(sim_floor(c, self.hw, self.cache), self.deduced.get(id(c), 0.0))
             if t < f * (1 - MARGIN):
                 self.active = False
                 self.broken = (f"{c.describe()} simulated at {t * 1e3:.4g} ms/step, more than {MARGIN:.0%} below "
@@ -132,9 +143,10 @@ class Floors:
             names = ", ".join(f"{c.label} (at least {c.sim_floor * 1e3:.4g} ms)" for c in self.skipped[:6])
             more = f", and {len(self.skipped) - 6} more" if len(self.skipped) > 6 else ""
             n = len(self.skipped)
-            notes.append(f"{n} finalist{'s' if n > 1 else ''} not simulated: {names}{more}. Forward ops alone, "
-                         f"priced as sl.simulate prices them on the busiest stage, take over {MARGIN:.0%} longer "
-                         f"than the best step time simulated (a preset's, also than the best simulated preset), "
-                         f"so they could not have been chosen")
+            notes.append(f"{n} finalist{'s' if n > 1 else ''} not simulated: {names}{more}. Their forward ops alone, "
+                         f"or once deduced every op or every collective of the step on one rank, priced as "
+                         f"sl.simulate prices them, take over {MARGIN:.0%} longer than the best step time "
+                         f"simulated (a preset's, also than the best simulated preset), so they could not have "
+                         f"been chosen")
         if self.broken:
             notes.append(self.broken)

@@ -105,20 +105,34 @@ def compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str |
     return c
 
 
+def _moved(ins, outs, compute_dtype: torch.dtype | None) -> float:
+    """Bytes a kernel reads and writes; at ``compute_dtype`` its floating tensors shrink with it."""
+    if compute_dtype is None:
+        return sum(nbytes(m) for m in ins) + sum(nbytes(m) for m in outs)
+    ratio = compute_dtype.itemsize / 4
+    return sum(nbytes(m) * (ratio if m.dtype == torch.float32 else 1) for m in (*ins, *outs))
+
+
+def kernel_seconds(op: str, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], attrs: dict, hw: Hardware,
+                   device_type: str, compute_dtype: torch.dtype | None = None) -> tuple[float, bool]:
+    """(seconds, measured) of one kernel ``op`` on local ``ins`` -> ``outs`` (without the firing overhead):
+    the one price of a Compute actor, which the re-rank's floor (``search/sim_floor.py``) also reads, so a
+    floor and a simulation can never price an op two ways."""
+    metas = ins or outs
+    dtype = compute_dtype or (metas[0].dtype if metas else None)
+    rule = _moved_rule(op)
+    own = None if rule is None or compute_dtype is not None else rule([nbytes(m) for m in ins], attrs)
+    key = op_key(op, [m.shape for m in ins], dtype or "float32", device_type)
+    return hw.op_time(key, _flops(op, ins, outs, attrs), _moved(ins, outs, compute_dtype) if own is None else own,
+                      dtype)
+
+
 def _compute_cost(a: Actor, shapes: ActorShapes, hw: Hardware, device_type: str,
                   compute_dtype: torch.dtype | None = None) -> FiringCost:
     over = hw.firing_overhead
     ins, outs = shapes.inputs, shapes.outputs
-    moved = sum(nbytes(m) for m in ins) + sum(nbytes(m) for m in outs)
-    if compute_dtype is not None:  # the same kernel at the compute dtype: floating tensors shrink with it
-        ratio = compute_dtype.itemsize / 4
-        moved = sum(nbytes(m) * (ratio if m.dtype == torch.float32 else 1) for m in (*ins, *outs))
     if isinstance(a, Compute):
-        dtype = compute_dtype or _dtype(shapes)
-        rule = _moved_rule(a.op)
-        own = None if rule is None or compute_dtype is not None else rule([nbytes(m) for m in ins], a.attrs)
-        key = op_key(a.op, [m.shape for m in ins], dtype or "float32", device_type)
-        t, measured = hw.op_time(key, _flops(a.op, ins, outs, a.attrs), moved if own is None else own, dtype)
+        t, measured = kernel_seconds(a.op, ins, outs, a.attrs, hw, device_type, compute_dtype)
         return FiringCost(t + over, measured, not measured, overhead=over)
     if isinstance(a, Accumulate):
         dtype = _dtype(shapes)

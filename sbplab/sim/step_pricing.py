@@ -91,6 +91,21 @@ def _tokens_and_samples(g: Any, M: int) -> tuple[int, int]:
     return 0, 0
 
 
+def _compute_precision(strategy: Any) -> torch.dtype:
+    return DTYPES.get(getattr(getattr(strategy, "precision", None), "compute", "fp32"), torch.float32)
+
+
+def compute_dtype_of(g: Any, strategy: Any) -> torch.dtype | None:
+    """The dtype fp32 kernels of ``g`` are priced at: the strategy's compute precision where the graph was
+    traced without it (its forward outputs all fp32), else None (priced as traced)."""
+    compute = _compute_precision(strategy)
+    if compute == torch.float32:
+        return None
+    traced_low = any(g.tensors[t].meta.dtype in (torch.bfloat16, torch.float16)
+                     for op in g.ops_in("forward") for t in op.outputs if t in g.tensors)
+    return None if traced_low else compute
+
+
 def pricing_of(step: Any, whole_layers: bool = False) -> StepPricing | None:
     """The pricing of a Compiled step (None for a bare ActorPlan: priced as its actors say).
     ``whole_layers``: ``recompute="full"`` reruns every forward op of a layer, also those the graph's
@@ -99,12 +114,9 @@ def pricing_of(step: Any, whole_layers: bool = False) -> StepPricing | None:
     if g is None or phys is None:
         return None
     M = max(int(getattr(g, "micro_batches", 1) or 1), int(getattr(phys, "micro_batches", 1) or 1))
-    precision = getattr(strategy, "precision", None)
-    compute = DTYPES.get(getattr(precision, "compute", "fp32"), torch.float32)
     fwd = g.ops_in("forward")
-    traced_low = any(g.tensors[t].meta.dtype in (torch.bfloat16, torch.float16)
-                     for op in fwd for t in op.outputs if t in g.tensors)
-    compute_dtype = compute if compute != torch.float32 and not traced_low else None
+    compute = _compute_precision(strategy)
+    compute_dtype = compute_dtype_of(g, strategy)
     clones = [op for op in g.ops_in("backward") if op.name.endswith(RECOMPUTE_SUFFIX)]
     model = sum(_op_flops(g, op) for op in (*fwd, *g.ops_in("backward")) if not op.name.endswith(RECOMPUTE_SUFFIX))
     mode = getattr(strategy, "recompute", "none")
