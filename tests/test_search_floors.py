@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 import sbplab as sl
 from sbplab.search import search
 from sbplab.search.mesh import MeshChoice, mesh_choices
+from sbplab.search.problem import latency_edges
 from sbplab.search.rerank import simulate_candidate
 from sbplab.search.search_api import Space, _real_floor
 from sbplab.search.sim_floor import MARGIN, sim_floor
+from sbplab.search.stage_floor import micro_edges
 
 H100 = sl.Hardware.h100_node()
 # a device a thousand times slower than an H100 with the same links: compute dominates, as at real sizes
@@ -80,7 +83,7 @@ def test_a_pipeline_floor_from_the_whole_batch_is_below_the_micro_batch_one(mach
                 plain = space.stage_floor(mesh, 1).value(z, (M + S - 1) / M) / S  # every term at 1/M
                 assert plain * (1 - 1e-9) <= pre <= traced * (1 + 1e-9), (S, M, mesh, z)
                 real1 = space.real_pre_floor(mesh, S, M, z)  # real edges, still the whole batch's graph
-                real = _real_floor(space.problem(mesh, M)).value(z, M + S - 1) / S
+                real = _real_floor(space.problem(mesh, M)).value(z, M + S - 1, S) / S  # the same on the traced
                 assert pre * (1 - 1e-9) <= real1 <= real * (1 + 1e-9), (S, M, mesh, z)
                 checked += 1
     assert checked >= 9
@@ -88,3 +91,32 @@ def test_a_pipeline_floor_from_the_whole_batch_is_below_the_micro_batch_one(mach
     mesh = MeshChoice((2,), (0,))
     if machine:
         assert space.pre_floor(mesh, 4, 8, 0) > space.stage_floor(mesh, 1).value(0, 11 / 8) / 4 * 1.01
+
+
+@pytest.mark.parametrize("machine", [False, True])
+def test_what_every_micro_batch_pays_whole_is_below_m_times_its_price(machine):
+    """``micro_edges``: each whole-batch edge plus (M - 1) x its least latency rounds (and each move plus (M - 1)
+    x its messages' latency) is below M times the same edge of the traced micro-batch graph, signature for
+    signature; so is the one-micro-batch graph's op at 1/M of the work, times M (``_micro_ops``)."""
+    hw = sl.Machine.h100_node() if machine else H100
+    m, idx, y = _gpt(batch=32)
+    space = Space(m, (idx,), m.loss_fn, y, sl.SGD(lr=0.1), hw)
+    lifted = 0
+    for S, M in ((2, 8), (4, 8)):
+        for mesh in mesh_choices(8 // S, hw):
+            whole, micro = space.problem(mesh), space.problem(mesh, M)  # 4 samples a micro-batch
+            lat = latency_edges(whole)
+            for e, f, low in zip(micro_edges(whole.edges, lat, M), micro.edges, lat, strict=True):
+                assert (whole.ops[e.src].name, whole.ops[e.dst].name, e.tensor) == \
+                    (micro.ops[f.src].name, micro.ops[f.dst].name, f.tensor)
+                rows = [whole.ops[e.src].sigs.index(s) for s in micro.ops[f.src].sigs]
+                cols = [whole.ops[e.dst].sigs.index(s) for s in micro.ops[f.dst].sigs]
+                assert (e.cost[np.ix_(rows, cols)] <= M * f.cost * (1 + 1e-9)).all(), e.tensor
+                if e.cross_stage is not None:
+                    assert (e.cross_stage[rows] <= M * f.cross_stage * (1 + 1e-9)).all(), e.tensor
+                lifted += int((low.cost > 0).any())
+            for o, p in zip(space._micro_ops(mesh, M), micro.ops, strict=True):
+                rows = [o.sigs.index(s) for s in p.sigs]
+                for z in (0, 2, 3):
+                    assert (o.compute[rows] + o.gather[z][rows] <= M * (p.compute + p.gather[z]) * (1 + 1e-9)).all()
+    assert lifted > 10  # boxings with latency: the term is there to be checked

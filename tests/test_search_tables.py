@@ -174,11 +174,18 @@ def test_pipeline_spaces_skipped_by_their_bound_could_not_have_won(devices, hw, 
 
     every = run(10**9, [])
     assert len(every) == len(spaces) * len(ZERO_LEVELS)
-    for c in every:  # both bounds are ones: no cut of any assignment goes below them
+    charged = 0
+    for c in every:  # the bounds are ones: no cut of any assignment goes below them
         S, M = c.n_stages, c.micro_batches
         floor = space.stage_floor(c.mesh, M).value(c.zero, M + S - 1) / S  # edges at their floors
         real = StageFloor(c.problem.ops, c.problem.edges).value(c.zero, M + S - 1) / S  # at their prices
         assert floor <= c.step_time and real <= c.step_time, c.describe()
+        # with the moves of S - 1 cuts; then from the whole batch's graph, with what a micro-batch pays whole
+        cuts = StageFloor(c.problem.ops, c.problem.edges).value(c.zero, M + S - 1, S) / S
+        moved, real1 = space.moved_floor(c.mesh, S, M, c.zero), space.real_pre_floor(c.mesh, S, M, c.zero)
+        assert max(cuts, moved, real1) <= c.step_time, c.describe()
+        charged += cuts > real
+    assert charged == len(every)  # every cut moves an activation
     res = search(m, (idx,), loss_fn=m.loss_fn, target=y, optimizer=sl.Adam(), devices=devices, hardware=hw,
                  method="exact", node_size=node, reduce=False, rerank_top=0)
     assert any("skipped unsolved" in n for n in res.notes), res.notes

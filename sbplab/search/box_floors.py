@@ -11,6 +11,11 @@ its floor:
   tensor split by every other axis, ``ceil(numel / prod(other axes))`` elements;
 - local kinds (slices, zero fills) free, as ``BoxTable`` counts a local change.
 
+``FloorBoxes(latency_only=True)`` charges each step its latency rounds alone, no bytes: a floor under the
+part of a route's time that does not shrink with the tensor, which a pipeline's micro-batch pays whole
+every micro-batch (``Space.real_pre_floor``). Any route between two layouts, at any size of the tensor
+its states fit, pays at least that much.
+
 Each step's floor is worked out in the route search's exact ticks (``boxing/ticks.py``) and rounded
 once to seconds; the sums then shave a relative 1e-9 off, so float order never lifts a floor above the
 price the search pays. The step kinds, their rounds and link figures are the planner's own
@@ -38,8 +43,9 @@ _SAFE = 1.0 - 1e-9  # seconds added in another order than the route search adds 
 
 @lru_cache(maxsize=4096)
 def _axis_walks(ndim: int, mesh_shape: tuple[int, ...], axis: int, itemsize: int, numel_: int,
-                hw: Hardware) -> tuple[dict[SbpParallel, int], np.ndarray]:
-    """(entry -> index, seconds of the cheapest walk between every two entries) on mesh ``axis``."""
+                hw: Hardware, latency_only: bool = False) -> tuple[dict[SbpParallel, int], np.ndarray]:
+    """(entry -> index, seconds of the cheapest walk between every two entries) on mesh ``axis``; with
+    ``latency_only``, of the walks' latency rounds alone (no bytes)."""
     entries = candidates(ndim, REDUCE_OPS)
     at = {x: n for n, x in enumerate(entries)}
     p = mesh_shape[axis]
@@ -53,7 +59,8 @@ def _axis_walks(ndim: int, mesh_shape: tuple[int, ...], axis: int, itemsize: int
         for j, new in enumerate(entries):
             for kind in step_kinds(old, new) if i != j else ():
                 rate = kind_rate(kind, hw, axis, p) if kind.moves_data else None
-                ticks = 0 if rate is None else rate(kind.rounds(p), kind.busy_floor(T, p) * itemsize)
+                busy = 0 if latency_only else kind.busy_floor(T, p) * itemsize
+                ticks = 0 if rate is None else rate(kind.rounds(p), busy)
                 d[i, j] = min(d[i, j], ticks / scale)  # exact ticks, one rounding to seconds
     for k in range(n):  # Floyd-Warshall over a handful of entries
         d = np.minimum(d, d[:, k:k + 1] + d[k:k + 1, :])
@@ -62,10 +69,14 @@ def _axis_walks(ndim: int, mesh_shape: tuple[int, ...], axis: int, itemsize: int
 
 
 class FloorBoxes:
-    """``BoxPrices``' face (``for_mesh``) with floors for prices: a ``Pricer`` built on it prices edges low."""
+    """``BoxPrices``' face (``for_mesh``) with floors for prices: a ``Pricer`` built on it prices edges low
+    (``latency_only``: at their routes' latency rounds alone, see the module docstring)."""
+
+    def __init__(self, latency_only: bool = False) -> None:
+        self.latency_only = latency_only
 
     def for_mesh(self, placement: Placement, hw: Hardware) -> MeshFloors:
-        return MeshFloors(placement, hw)
+        return MeshFloors(placement, hw, self.latency_only)
 
     def compute_times(self, mesh_shape: tuple[int, ...]) -> dict[tuple, float]:
         return {}  # a floor prices edges, no op
@@ -74,15 +85,18 @@ class FloorBoxes:
 class MeshFloors:
     """Floors of every boxing on one mesh shape and hardware view (``MeshBoxes``' face)."""
 
-    def __init__(self, placement: Placement, hw: Hardware) -> None:
-        self.mesh_shape, self.hw = placement.shape, hw
+    def __init__(self, placement: Placement, hw: Hardware, latency_only: bool = False) -> None:
+        self.mesh_shape, self.hw, self.latency_only = placement.shape, hw, latency_only
 
     def matrix(self, meta: TensorMeta, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
         """A floor under ``BoxTable.time(src, dst)`` for every pair [srcs, dsts], in seconds."""
         out = np.zeros((len(srcs), len(dsts)))
         for a in range(len(self.mesh_shape)):
-            at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, meta.dtype.itemsize, numel(meta.shape),
-                                self.hw)
+            if self.latency_only:  # no bytes: every tensor of this rank shares one table
+                at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, 1, 1, self.hw, True)
+            else:
+                at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, meta.dtype.itemsize, numel(meta.shape),
+                                    self.hw)
             if any(s[a] not in at for s in srcs) or any(t[a] not in at for t in dsts):
                 # a strided split S(d, chunks=k): no walk prices it, so its floor on this axis is 0
                 d = np.pad(d, ((0, 1), (0, 1)))

@@ -100,6 +100,7 @@ class Pricer:
         self.bucket_bytes = bucket_mb * 2**20  # 0: every gradient reduction runs alone
         self.rank = placement.rank_list[0]
         boxes = boxes or BoxPrices()
+        self.latency_only = getattr(boxes, "latency_only", False)  # moves priced without their bytes too
         self.boxes = boxes.for_mesh(placement, hw)  # shared by every mesh of this shape and links
         self._compute: dict[tuple, float] = boxes.compute_times(placement.shape)  # and of this shape
         self.backward_of: dict[str, list[OpNode]] = {}
@@ -147,8 +148,9 @@ class Pricer:
         return self.boxes.time(meta, src, dst)
 
     def p2p_time(self, meta: TensorMeta, sbp: NdSbp) -> float:
-        """One stage-to-stage move of a tensor laid out ``sbp`` (each rank sends its block)."""
-        return self.hw.p2p_time(1, self.local_bytes(meta, sbp))
+        """One stage-to-stage move of a tensor laid out ``sbp`` (each rank sends its block); its latency alone
+        where the boxings are priced so (``FloorBoxes(latency_only=True)``)."""
+        return self.hw.p2p_time(1, 0 if self.latency_only else self.local_bytes(meta, sbp))
 
     def _roofline(self, flops: float, nbytes: float, dtype) -> float:
         return max(flops / self.hw.flops_for(dtype), nbytes / self.hw.mem_bandwidth)

@@ -76,6 +76,9 @@ class OpProblem:
     micro_batches: int = 1
     index: dict[str, int] = field(default_factory=dict)
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # the sources' readers (``PricedOps``): what pricing the edges again, by another price list, needs
+    shared: list[tuple[int, int, str]] = field(default_factory=list, repr=False, compare=False)
+    owner: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def derived(self, name: str, make: Callable[[OpProblem], Any]) -> Any:
         """``make(self)``, computed once: facts about the ops that every ZeRO level's reduction asks."""
@@ -176,7 +179,7 @@ class PricedOps:
     graph: Graph  # the copy placements were set on
     mesh: MeshChoice
     hw: Hardware
-    prices: OpPrices
+    prices: OpPrices | None  # None: only the sources' readers are wanted (``latency_edges``)
     ops: list[OpSpace]
     shared: list[tuple[int, int, str]]  # (reader index, input position, tensor) of sources an earlier op owns
     owner: dict[str, tuple[int, int]]  # source tensor -> (op index, input position) of its first reader
@@ -229,14 +232,22 @@ def build_problem(graph: Graph, mesh: MeshChoice, hw: Hardware, micro_batches: i
     edge between forward ops. ``boxes``: boxing prices to share with other meshes of the search."""
     p = priced or price_ops(graph, mesh, hw, micro_batches, boxes)
     return OpProblem(p.graph, p.mesh, p.hw, p.ops, edges_of(p, p.prices), p.base_memory, micro_batches,
-                     {o.name: o.index for o in p.ops})
+                     {o.name: o.index for o in p.ops}, shared=p.shared, owner=p.owner)
 
 
-def floor_edges(p: PricedOps) -> list[Edge]:
+def floor_edges(p: PricedOps, latency_only: bool = False) -> list[Edge]:
     """``p``'s edges priced by floors (``box_floors.py``) instead of route searches: no price is above the
-    real one, and the whole set costs a few array lookups per layout pair."""
-    prices = OpPrices(p.graph, Pricer(p.graph, p.mesh.placement(), p.hw, FloorBoxes()))
+    real one, and the whole set costs a few array lookups per layout pair. ``latency_only``: each at the
+    least latency rounds of its boxings' routes, the part a smaller tensor does not make shorter."""
+    prices = OpPrices(p.graph, Pricer(p.graph, p.mesh.placement(), p.hw, FloorBoxes(latency_only)))
     return edges_of(p, prices)
+
+
+def latency_edges(p: PricedOps | OpProblem) -> list[Edge]:
+    """The edges of ``p`` (priced ops, or the problem made of them), in the order ``edges_of`` gives, at the
+    least latency rounds of their boxings and moves (``floor_edges``)."""
+    return floor_edges(PricedOps(p.graph, p.mesh, p.hw, None, p.ops, p.shared, p.owner, p.base_memory,
+                                 p.micro_batches), True)
 
 
 def edges_of(p: PricedOps, prices: OpPrices) -> list[Edge]:

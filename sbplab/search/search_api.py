@@ -34,14 +34,14 @@ from .inputs import SearchInputs, check_inputs
 from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
-from .problem import OpProblem, PricedOps, build_problem, floor_edges, price_ops
+from .problem import Edge, OpProblem, PricedOps, build_problem, floor_edges, latency_edges, price_ops
 from .rebatch import Captures
 from .rerank import rerank, rerank_units
 from .result import SearchResult
 from .search_errors import SearchError
 from .search_progress import ProgressCallback, ProgressReporter
 from .solve import METHODS, solve_space
-from .stage_floor import StageFloor
+from .stage_floor import StageFloor, micro_edges
 from .user_candidates import check_candidates, user_candidates
 
 
@@ -58,6 +58,7 @@ class Space:
         self._problems: dict[tuple[MeshChoice, int], OpProblem] = {}
         self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
         self._floors: dict[tuple[MeshChoice, int], StageFloor] = {}
+        self._latencies: dict[MeshChoice, list[Edge]] = {}  # the one-micro-batch graph's (``_latency``)
         self._one_device: float | None = None  # the ops' least compute on one device (``flat_floor``)
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
         self.captures = Captures()  # an ATen capture once; a micro-batch's graph derived from it (``rebatch.py``)
@@ -135,14 +136,34 @@ class Space:
             self._floors[key] = StageFloor(self._micro_ops(mesh, m), self.stage_floor(mesh, 1).edges)
         return self._floors[key]
 
+    def moved_floor(self, mesh: MeshChoice, stages: int, m: int, zero: int) -> float:
+        """``pre_floor`` with what every micro-batch pays whole (each edge's least latency rounds, each move's
+        latency: ``micro_edges``) and the moves of the S - 1 cuts (``StageFloor.cuts``): still the
+        one-micro-batch graph's ops and edge floors, so no graph traced and no real edge priced."""
+        key = (mesh, -m, "moved")
+        if key not in self._floors:
+            edges = self.stage_floor(mesh, 1).edges
+            self._floors[key] = StageFloor(self._micro_ops(mesh, m), micro_edges(edges, self._latency(mesh), m))
+        return self._floors[key].value(zero, (m + stages - 1) / m, stages) / stages
+
+    def _latency(self, mesh: MeshChoice) -> list:
+        """The one-micro-batch graph's edges on ``mesh`` at their least latency rounds (``latency_edges``)."""
+        got = self._latencies.get(mesh)
+        if got is None:
+            done = self._problems.get((mesh, 1))
+            got = self._latencies[mesh] = latency_edges(done if done is not None else self.priced_ops(mesh, 1))
+        return got
+
     def real_pre_floor(self, mesh: MeshChoice, stages: int, m: int, zero: int) -> float:
         """``pre_floor`` with the edges of the one-micro-batch graph at their real prices (``problem(mesh)``),
         still no graph of ``m`` micro-batches traced: a boxing of 1/m of a tensor takes at least 1/m of the
-        whole one's time (each route's latency is paid whole, its bandwidth term on 1/m of the bytes)."""
+        whole one's bytes time, and its route's latency rounds whole, every micro-batch (``micro_edges``)."""
         key = (mesh, -m, "real")
         if key not in self._floors:
-            self._floors[key] = StageFloor(self._micro_ops(mesh, m), self.problem(mesh).edges)
-        return self._floors[key].value(zero, (m + stages - 1) / m) / stages
+            lat = self._latency(mesh)  # before ``problem`` takes the priced ops
+            edges = micro_edges(self.problem(mesh).edges, lat, m)
+            self._floors[key] = StageFloor(self._micro_ops(mesh, m), edges)
+        return self._floors[key].value(zero, (m + stages - 1) / m, stages) / stages
 
     def _micro_ops(self, mesh: MeshChoice, m: int) -> list:
         """The one-micro-batch graph's ops on ``mesh`` with compute at 1/m of the work and gathers per
@@ -480,23 +501,25 @@ def _pipelines(space: Space, method: str, memory_limit: float | None, clock: Clo
             skipped += 1
             report.step("pipelines")
             continue
-        # then the one-micro-batch graph's real edges (``real_pre_floor``) and the micro-batch graph's floor
+        # then what every micro-batch pays whole and the cuts' moves (``moved_floor``, no real edge priced),
+        # the one-micro-batch graph's real edges (``real_pre_floor``) and the micro-batch graph's floor
         # (``stage_floor``): a space is solved only if every floor lets it win, so their order changes only
         # the cost. The micro-batch graph is traced only for a space the first floors let win; once traced
-        # (a preset or an earlier space needed it), its floor goes first: far tighter, and cheaper than
-        # pricing the stage mesh's real edges
+        # (a preset or an earlier space needed it), its floor goes before the real edges: far tighter, and
+        # cheaper than pricing the stage mesh's real edges
         floor = bound
         try:
-            for which in ("stage", "real") if space.traced(M) else ("real", "stage"):
+            for which in ("moved", "stage", "real") if space.traced(M) else ("moved", "real", "stage"):
                 if floor >= kth:
                     break
-                floor = space.real_pre_floor(mesh, S, M, z) if which == "real" else \
-                    space.stage_floor(mesh, M).value(z, M + S - 1) / S
+                floor = space.moved_floor(mesh, S, M, z) if which == "moved" else \
+                    space.real_pre_floor(mesh, S, M, z) if which == "real" else \
+                    space.stage_floor(mesh, M).value(z, M + S - 1, S) / S
         except (ValueError, GraphError):
             report.step("pipelines")
             continue
         pr = space.problem(mesh, M) if floor < kth else None  # real edges only where the floor lets it win
-        if pr is None or _real_floor(pr).value(z, M + S - 1) / S >= kth:
+        if pr is None or _real_floor(pr).value(z, M + S - 1, S) / S >= kth:
             skipped += 1
             report.step("pipelines")
             continue
