@@ -77,8 +77,8 @@ def test_a_pipeline_floor_from_the_whole_batch_is_below_the_micro_batch_one(mach
         for mesh in mesh_choices(8 // S, hw):
             for z in (0, 2, 3):
                 pre = space.pre_floor(mesh, S, M, z)
-                flat = space.flat_floor(S, M, 8)  # one figure for every stage mesh and ZeRO level
-                assert 0 < flat <= pre * (1 + 1e-9), (S, M, mesh, z)
+                flat = space.flat_floor(S, M, 8)  # one figure for every stage mesh and ZeRO level, with cuts
+                assert 0 < flat <= space.moved_floor(mesh, S, M, z) * (1 + 1e-9), (S, M, mesh, z)
                 traced = space.stage_floor(mesh, M).value(z, M + S - 1) / S  # the micro-batch graph traced
                 plain = space.stage_floor(mesh, 1).value(z, (M + S - 1) / M) / S  # every term at 1/M
                 assert plain * (1 - 1e-9) <= pre <= traced * (1 + 1e-9), (S, M, mesh, z)

@@ -59,7 +59,8 @@ class Space:
         self._priced: dict[tuple[MeshChoice, int], PricedOps] = {}  # ops priced, edges not yet
         self._floors: dict[tuple[MeshChoice, int], StageFloor] = {}
         self._latencies: dict[MeshChoice, list[Edge]] = {}  # the one-micro-batch graph's (``_latency``)
-        self._one_device: float | None = None  # the ops' least compute on one device (``flat_floor``)
+        self._one_device: tuple[float, StageFloor] | None = None  # the ops' least compute and the moves on one
+        # device (``flat_floor``)
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
         self.captures = Captures()  # an ATen capture once; a micro-batch's graph derived from it (``rebatch.py``)
 
@@ -118,13 +119,19 @@ class Space:
         (the one priced, which a balanced split gives the largest block) holds at least 1/k of the work, and a
         smaller kernel is no more efficient, so it takes at least 1/k of the op's time on one device. So
         (m + S - 1) / m x (the ops' one-device time) / devices is below ``pre_floor`` of every stage mesh,
-        and a space it rules out is skipped without pricing its mesh. None where the hardware has measured
-        op times (a table's small kernel may be priced apart from the whole op)."""
-        if self.hw.op_times:
-            return 0.0
+        and a space it rules out is skipped without pricing its mesh. No compute where the hardware has
+        measured op times (a table's small kernel may be priced apart from the whole op).
+
+        Plus the moves of the S - 1 cuts (``StageFloor.cuts``) at 1/k of the one-device moves: a rank sends
+        at least 1/k of a tensor (its block is the largest), and a micro-batch's move of 1/m of it, m times,
+        at least the whole's. So it is below ``moved_floor`` of every stage mesh (which has them too)."""
+        one = self.priced_ops(MeshChoice((1,), (0,)))
         if self._one_device is None:
-            self._one_device = sum(float(np.min(o.compute)) for o in self.priced_ops(MeshChoice((1,), (0,))).ops)
-        return (m + stages - 1) / m * self._one_device / devices
+            self._one_device = (0.0 if self.hw.op_times else sum(float(np.min(o.compute)) for o in one.ops),
+                                StageFloor(one.ops, floor_edges(one)))
+        compute, moves = self._one_device
+        k = devices // stages
+        return (m + stages - 1) / m * (compute / devices + moves.cuts(stages) / k / stages)
 
     def micro_floor(self, mesh: MeshChoice, m: int) -> StageFloor:
         """``stage_floor(mesh, 1)`` with each op's compute priced at 1/m of its work (``Pricer.work_scale``)
