@@ -43,10 +43,13 @@ _SAFE = 1.0 - 1e-9  # seconds added in another order than the route search adds 
 
 @lru_cache(maxsize=4096)
 def _axis_walks(ndim: int, mesh_shape: tuple[int, ...], axis: int, itemsize: int, numel_: int,
-                hw: Hardware, latency_only: bool = False) -> tuple[dict[SbpParallel, int], np.ndarray]:
+                hw: Hardware, latency_only: bool = False,
+                strided: tuple[SbpParallel, ...] = ()) -> tuple[dict[SbpParallel, int], np.ndarray]:
     """(entry -> index, seconds of the cheapest walk between every two entries) on mesh ``axis``; with
-    ``latency_only``, of the walks' latency rounds alone (no bytes)."""
-    entries = candidates(ndim, REDUCE_OPS)
+    ``latency_only``, of the walks' latency rounds alone (no bytes). ``strided``: the strided splits
+    (``S(d, chunks=k)``) of the layouts asked about, entries too: the route search adds a caller's own,
+    which step only to and from B and P (``costs.step_kinds``)."""
+    entries = (*candidates(ndim, REDUCE_OPS), *strided)
     at = {x: n for n, x in enumerate(entries)}
     p = mesh_shape[axis]
     others = numel(mesh_shape) // p
@@ -92,17 +95,14 @@ class MeshFloors:
         """A floor under ``BoxTable.time(src, dst)`` for every pair [srcs, dsts], in seconds."""
         out = np.zeros((len(srcs), len(dsts)))
         for a in range(len(self.mesh_shape)):
+            strided = tuple(sorted({x[a] for x in (*srcs, *dsts) if getattr(x[a], "chunks", 1) > 1}, key=repr))
             if self.latency_only:  # no bytes: every tensor of this rank shares one table
-                at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, 1, 1, self.hw, True)
+                at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, 1, 1, self.hw, True, strided)
             else:
                 at, d = _axis_walks(len(meta.shape), self.mesh_shape, a, meta.dtype.itemsize, numel(meta.shape),
-                                    self.hw)
-            if any(s[a] not in at for s in srcs) or any(t[a] not in at for t in dsts):
-                # a strided split S(d, chunks=k): no walk prices it, so its floor on this axis is 0
-                d = np.pad(d, ((0, 1), (0, 1)))
-            other = len(at)
-            rows = np.array([at.get(s[a], other) for s in srcs], dtype=np.int64)
-            cols = np.array([at.get(t[a], other) for t in dsts], dtype=np.int64)
+                                    self.hw, False, strided)
+            rows = np.array([at[s[a]] for s in srcs], dtype=np.int64)
+            cols = np.array([at[t[a]] for t in dsts], dtype=np.int64)
             out += d[np.ix_(rows, cols)]
         return out
 
