@@ -21,11 +21,24 @@ def _first_best(opts: np.ndarray, ex: np.ndarray | None) -> int:
 
 
 def descend(r: Reduced, start: list[int], memory_limit: float | None, clock: Clock,
-            max_sweeps: int = 50) -> list[int]:
+            max_sweeps: int = 50, seen: dict[tuple[int, ...], tuple[list[int], int]] | None = None) -> list[int]:
+    """``start`` improved sweep by sweep until a sweep changes nothing (or ``max_sweeps``).
+
+    ``seen``: the choices each earlier descent on ``r`` had at the start of a sweep, with where it ended and
+    how many sweeps that took. A sweep is a function of the choices alone, so a descent that meets such a
+    point ends where that one did (when it has the sweeps left): restarts from many starts mostly meet."""
     view = LocalView(r, memory_limit)
     x = list(start)
     mem = r.mem(x)
-    for _ in range(max_sweeps):
+    path: list[tuple[int, ...]] = []
+    for sweep in range(max_sweeps):
+        if seen is not None:
+            key = tuple(x)
+            got = seen.get(key)
+            if got is not None and sweep + got[1] <= max_sweeps and not clock.expired():
+                _remember(seen, [*path, key], got[0], got[1])
+                return list(got[0])
+            path.append(key)
         improved = False
         for g in range(len(r.cost)):
             if clock.expired():
@@ -41,16 +54,27 @@ def descend(r: Reduced, start: list[int], memory_limit: float | None, clock: Clo
                 mem = int(mems[best])
                 improved = True
         if not improved:
+            if seen is not None:
+                _remember(seen, path, x, 1)
             break
     return x
+
+
+def _remember(seen: dict[tuple[int, ...], tuple[list[int], int]], path: list[tuple[int, ...]], end: list[int],
+              last: int) -> None:
+    """Each sweep start of ``path`` ends at ``end``: after its sweeps to the path's last point, which takes
+    ``last`` more."""
+    for k, key in enumerate(path):
+        seen.setdefault(key, (list(end), len(path) - k - 1 + last))
 
 
 def coordinate_descent(r: Reduced, starts: list[list[int]], memory_limit: float | None, clock: Clock,
                        label: str = "cd") -> list[int]:
     view = LocalView(r, memory_limit)
     best, best_score = None, None
+    seen: dict[tuple[int, ...], tuple[list[int], int]] = {}  # shared by the restarts (``descend``)
     for s in starts:
-        x = descend(r, s, memory_limit, clock)
+        x = descend(r, s, memory_limit, clock, seen=seen)
         sc = view.score(x)
         clock.record(label, sc[1] if sc[0] == 0 else float("inf"))
         if best_score is None or sc < best_score:
