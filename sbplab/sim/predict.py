@@ -179,15 +179,17 @@ def _simulate(plan: ActorPlan, hw: Hardware, steps: int, batch: dict[str, Tensor
     alike = alike_ranks(plan, M, batch, known, hw, redo, orders)  # shapes and costs: once per alike group
     lowered = {m: rep for rep, ms in (plan.alike or {}).items() for m in ms}  # lowered from one rank: alike
     inferred: dict[int, int] = {}  # lowering's representative -> the first rank of its group inferred
-    for r in alike:  # groups of one lowering group share the shapes of all but a few actors
-        rp = plan.ranks[r]
-        q = inferred.get(lowered.get(r, -1))
+    first = None  # the first rank inferred
+    for r in alike:  # groups of one lowering group share the shapes of all but a few actors; other groups
+        rp = plan.ranks[r]  # mostly too (ZeRO's uneven shards): ``infer_like`` checks actor by actor
+        q = inferred.get(lowered.get(r, -1), first)
         if q is None:
             shapes[r] = infer_rank_shapes(rp.actors, r, M, batch, shape_cache)
-            if r in lowered:
-                inferred[lowered[r]] = r
+            first = r
         else:
             shapes[r] = infer_like(rp.actors, plan.ranks[q].actors, shapes[q], r, M, batch, shape_cache)
+        if r in lowered:
+            inferred.setdefault(lowered[r], r)
         row_c: list[FiringCost] = []
         for a in rp.actors:
             sh = shapes[r][a.name]
