@@ -40,6 +40,7 @@ def _gpt2():
 
 STRATEGIES = {
     "dp": lambda: sl.presets.data_parallel(8),
+    "dp_accumulating": lambda: sl.presets.data_parallel(8, micro_batches=2),  # a kernel per micro-batch or step
     "zero2": lambda: sl.presets.zero(8, shard_params=False),
     "zero3": lambda: sl.presets.zero(8),
     "dp_tp": lambda: sl.presets.dp_tp((2, 4), vocab=False),
