@@ -36,7 +36,8 @@ import torch
 from ..compiler.ir import Graph
 from ..ops.registry import TensorMeta, get_op
 
-VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default")
+VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
+         "reshape", "view")  # the ATen ops (the shape is their second argument), sbplab's (attribute ``shape``)
 
 
 def _swap(v: Any, sizes: dict[int, int]) -> Any:
@@ -53,13 +54,15 @@ def _swap(v: Any, sizes: dict[int, int]) -> Any:
 def _lead_scaled(attrs: dict, old: int, new: int) -> dict | None:
     """A view's attributes with the leading size of its shape scaled by new/old (None: it cannot be)."""
     args = attrs.get("args")
-    if not isinstance(args, tuple) or len(args) < 2 or not isinstance(args[1], (tuple, list)) or not args[1]:
+    aten = isinstance(args, tuple) and len(args) >= 2
+    shape = args[1] if aten else attrs.get("shape")
+    if not isinstance(shape, (tuple, list)) or not shape:
         return None
-    lead = args[1][0]
+    lead = shape[0]
     if isinstance(lead, bool) or not isinstance(lead, int) or lead <= 0 or (lead * new) % old:
         return None
-    size = type(args[1])((lead * new // old, *args[1][1:]))
-    return {**attrs, "args": (args[0], size, *args[2:])}
+    size = type(shape)((lead * new // old, *shape[1:]))
+    return {**attrs, "args": (args[0], size, *args[2:])} if aten else {**attrs, "shape": size}
 
 
 def _scaled_dim(before: TensorMeta, after: TensorMeta, old: int, new: int) -> int | None:

@@ -35,7 +35,7 @@ from .mesh import MeshChoice, check_devices, mesh_choices
 from .pipeline import best_cut, blocks_of, price_stages
 from .presets_eval import PresetChoice, PresetSpec, applicable_presets, preset_choice
 from .problem import Edge, OpProblem, PricedOps, build_problem, floor_edges, latency_edges, price_ops
-from .rebatch import Captures
+from .rebatch import Captures, rebatch
 from .rerank import rerank, rerank_units
 from .result import SearchResult
 from .search_errors import SearchError
@@ -63,17 +63,34 @@ class Space:
         # device (``flat_floor``)
         self.boxes = BoxPrices()  # boxing prices shared by every mesh and micro-batch size
         self.captures = Captures()  # an ATen capture once; a micro-batch's graph derived from it (``rebatch.py``)
+        self.rebatched = 0  # training graphs derived from another micro-batch count's (``_rebatched``)
 
     def graph(self, m: int) -> Graph:
         """The training graph of ``m`` micro-batches, built as ``sl.compile`` builds it (the same function,
         capture and optimizer, so op names match and the candidates' signature hints apply): torch.fx onto
         sbplab's op library where it maps the whole model, else the ATen capture (``capture="auto"``)."""
         if m not in self._graphs:
-            with torch.device("meta"):  # pricing needs shapes only: no logits of a big model are allocated
-                self._graphs[m] = trace_training_graph(self.model, self.inputs, self.loss_fn, self.target, m,
-                                                       self.optimizer, capture=self.capture,
-                                                       capture_fn=self.captures)
+            got = self._rebatched(m)
+            if got is None:
+                with torch.device("meta"):  # pricing needs shapes only: no logits of a big model are allocated
+                    got = trace_training_graph(self.model, self.inputs, self.loss_fn, self.target, m,
+                                               self.optimizer, capture=self.capture, capture_fn=self.captures)
+            self._graphs[m] = got
         return self._graphs[m]
+
+    def _rebatched(self, m: int) -> Graph | None:
+        """The training graph of ``m`` micro-batches derived (``rebatch``) from one of k > 1 micro-batches built
+        already, k dividing m: the same ops (gradients accumulated over micro-batches, the same update), only
+        smaller micro-batches, so no trace (torch.fx's and the backward's take about as long as the ATen
+        capture ``Captures`` saves). None where rebatch's rules refuse (one sample, ambiguous sizes)."""
+        for k, g in sorted(self._graphs.items()):
+            if 1 < k < m and m % k == 0:
+                got = rebatch(g, g.grads, self.batch // k, self.batch // m)
+                if got is not None:
+                    got.micro_batches = m
+                    self.rebatched += 1
+                    return got
+        return None
 
     def traced(self, m: int) -> bool:
         """Whether the training graph of ``m`` micro-batches is built already (``graph``)."""
