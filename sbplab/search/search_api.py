@@ -142,8 +142,8 @@ class Space:
         Plus the moves of the S - 1 cuts (``StageFloor.cuts``) at 1/k of the one-device moves: a rank sends
         at least 1/k of a tensor (its block is the largest), and a micro-batch's move of 1/m of it, m times,
         at least the whole's. So it is below ``moved_floor`` of every stage mesh (which has them too)."""
-        one = self.priced_ops(MeshChoice((1,), (0,)))
         if self._one_device is None:
+            one = self.priced_ops(MeshChoice((1,), (0,)))
             self._one_device = (0.0 if self.hw.op_times else sum(float(np.min(o.compute)) for o in one.ops),
                                 StageFloor(one.ops, floor_edges(one)))
         compute, moves = self._one_device
