@@ -17,37 +17,12 @@ batch 8 x 1024 tokens) on 8 H100 (goal: under 10 s and 2 GB of host memory), and
 wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The machine's load average
 is printed beside them: on a shared machine the seconds grow with it, so each row also gives the
 search's own CPU seconds (it starts no other process), how many candidates the re-rank simulated, and
-how many it skipped by their floor (``search/sim_floor.py``). Last measured on a 2-core machine shared
-at a load average of 4-7, two rounds back to back with the same tree but the search before its array
-coordinate descent, shared follower tables, roofline pipeline floors, by-name hints and derived
-micro-batch graphs (in brackets): GPT-2 small 14.2 and 16.7 s of CPU [19.8, 20.7], 26 and 18 s of wall
-clock [47, 55], 0.71 GB [0.73], 6 finalists simulated and 3 skipped; the 16-layer GPT on 64, 70.7 and
-81.7 s of CPU [76.1, 82.5], 139 s of wall clock [160, 137], 1.93 GB [1.95], 10 simulated and 4 skipped.
-The same winners. Idle, the search before took 15.5 s (GPT-2) and 57.7 s (64 devices).
-Later, at a load of 2-4, with the tree before a bucket's layout was made once per group and the simulator's
-rank classes sorted once per group (in brackets; sources and axis steps expanded directly came after): GPT-2
-small 16.7 and 20.5 s of CPU [18.8, 21.7], 0.78 GB, ZeRO-3 x8 at 24.26 ms both; the 16-layer GPT on 64, 63.2
-and 58.7 s [54.0, 68.4], 1.86 GB, data parallel at 51.72 ms both: the machine's noise is larger than the
-change, which ``--phases`` shows pass by pass (README). Both goals are still missed.
-Then the re-rank lowers and orders one rank per class: a member rank's plain kernels and states are checked
-against its representative but made only when asked for (``runtime/actor_plan.py``'s ``LazyRankPlan``), a
-pipeline's communication order comes from one rank per stage (``runtime/schedule_classes.py``), and a pipeline
-space whose floor from the one-device prices (``Space.flat_floor``) rules it out is not priced. At a load of
-0.9-1.3, two rounds back to back, fresh processes, these changes alone on the tree before them (in brackets):
-GPT-2 small 15.9 and 13.1 s of CPU [16.6, 15.3], 0.77 GB [0.78]; the 16-layer GPT on 64, 40.9 and 45.4 s
-[61.3, 54.4], 1.66 GB [1.84]; the same winners at the same simulated step times (ZeRO-3 x8 at 24.26 ms, data
-parallel x64 at 51.72 ms). With the capture and deduction changes made beside them, the tree then gave 13.8
-and 40.9 s. ``--phases gpt16`` (load 1.5): 40.4 s, the re-rank 20.8 (lowering 9.3, of which the plans'
-checks and communication order 1.1; expansion 4.8, simulation 3.4, deduction 2.0), outside it 19.6. Both
-goals are still missed: every pass of the re-rank before the plan (expansion, the check of each member's op
-instances against its representative's) still works per op instance of every rank.
-Then, outside the re-rank, route keys packed into one int, a step's bytes from one group's piece, and a traced
-micro-batch graph's floor before a stage mesh's real edges (README). At a load of 1.4-1.9, two rounds, fresh
-processes, the whole tree (the re-rank's own changes included) and, in brackets, the same tree without these
-three: GPT-2 small 13.6 and 12.7 s of CPU [15.0, 13.3], 0.72 GB [0.77]; the 16-layer GPT on 64, 38.0 and 37.2 s
-[37.1, 43.9], 1.36 GB [1.65]; the same winners at the same simulated step times. The search before the
-re-rank alone (A/B, two rounds): 13.1-13.2 s [16.0-16.4] at 64 devices, 5.7 [6.7] for GPT-2. Both goals are
-still missed.
+how many it skipped by their floors (``search/sim_floor.py``, ``search/deduced_floor.py``). Last measured
+on a 2-core machine at a load average of 1.3-1.5, two rounds back to back: GPT-2 small 9.1 and 8.8 s of CPU,
+0.71 GB, 6 finalists simulated and 3 skipped; the 16-layer GPT on 64, 20.4 and 20.7 s, 1.33 GB, 5 simulated
+and 9 skipped; the winners those of every earlier measurement (ZeRO-3 x8 at 24.26 ms, data parallel x64 at
+51.72 ms). Both goals are met. README says what keeps the search there and where its time goes
+(``--phases``).
 """
 
 from __future__ import annotations
