@@ -87,3 +87,21 @@ def test_a_finalist_its_deduction_rules_out_is_one_the_simulator_puts_behind():
     assert floors.cannot_win_deduced(c, zero3.deduction, H100)
     assert c.sim_floor * (1 - MARGIN) > dp.step_time
     assert sl.simulate(zero3, H100).step_time >= c.sim_floor * (1 - MARGIN) > dp.step_time
+
+
+def test_a_floor_that_cannot_be_worked_out_spares_no_finalist(monkeypatch):
+    """A deduction the floor cannot price (an op or kind it fails on) means no floor: simulated as before."""
+    import sbplab.search.sim_floor as sim_floor
+
+    def fails(d, hw):
+        raise KeyError("an op the floor cannot price")
+
+    monkeypatch.setattr(sim_floor, "deduced_floor", fails)
+    floors = Floors(H100)
+    floors.best = floors.best_preset = 1e-9  # anything with a floor would be ruled out
+
+    class Finalist:
+        method, sim_floor, label = "preset", None, "ZeRO-3 x8"
+
+    assert not floors.cannot_win_deduced(Finalist(), None, H100)
+    assert floors.deduced and not floors.skipped

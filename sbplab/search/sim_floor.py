@@ -108,8 +108,16 @@ class Floors:
 
     def cannot_win_deduced(self, c: Candidate, d, view: Hardware) -> bool:
         """Whether ``c``'s deduction ``d`` rules it out: the floor of every op and collective of its step
-        (``deduced_floor.py``) on ``view``, its mesh's view of the hardware; kept for ``check``."""
-        return self._above(c, lambda: self.deduced.setdefault(id(c), deduced_floor(d, view)))
+        (``deduced_floor.py``) on ``view``, its mesh's view of the hardware; kept for ``check``. A floor that
+        cannot be worked out is none (0): it may spare work, never drop a finalist the re-rank would run."""
+        def floor() -> float:
+            try:
+                f = deduced_floor(d, view)
+            except Exception:  # noqa: BLE001 - an op or kind the floor cannot price: no floor, simulate it
+                f = 0.0
+            return self.deduced.setdefault(id(c), f)
+
+        return self._above(c, floor)
 
     def _above(self, c: Candidate, floor) -> bool:
         if not self.active:
