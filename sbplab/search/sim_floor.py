@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..compiler.deduction.caches import freeze
-from ..hardware import Hardware, op_key
+from ..hardware import Hardware
 from ..ops.registry import TensorMeta, get_op, local_context
-from ..sim.firing_cost import device_of
+from ..sim.firing_cost import device_of, kernel_seconds
 from .candidate import Candidate
 from .deduced_floor import deduced_floor
 
@@ -49,16 +49,13 @@ def _local_time(op, sig, graph, placement, hw: Hardware, device: str, cache: dic
     if ctx is None:
         cache[key] = 0.0
         return 0.0
-    lin = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, ins)]
-    lout = [TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.out_blocks, outs)]
+    lin = tuple(TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, ins))
+    lout = tuple(TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.out_blocks, outs))
     try:
-        flops = float(d.flops(lin, lout, d.localize(dict(op.attrs), ctx)))
+        attrs = d.localize(dict(op.attrs), ctx)
     except Exception:  # noqa: BLE001 - the simulator counts such a kernel's bytes only
-        flops = 0.0
-    moved = sum(m.numel * m.dtype.itemsize for m in (*lin, *lout))
-    metas = lin or lout
-    dtype = metas[0].dtype if metas else None
-    t = hw.op_time(op_key(op.type, [m.shape for m in lin], dtype or "float32", device), flops, moved, dtype)[0]
+        attrs = {}
+    t = kernel_seconds(op.type, lin, lout, attrs, hw, device)[0]
     cache[key] = float(t)
     return float(t)
 

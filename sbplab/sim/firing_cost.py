@@ -116,8 +116,8 @@ def _moved(ins, outs, compute_dtype: torch.dtype | None) -> float:
 def kernel_seconds(op: str, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], attrs: dict, hw: Hardware,
                    device_type: str, compute_dtype: torch.dtype | None = None) -> tuple[float, bool]:
     """(seconds, measured) of one kernel ``op`` on local ``ins`` -> ``outs`` (without the firing overhead):
-    the one price of a Compute actor, which the re-rank's floor (``search/sim_floor.py``) also reads, so a
-    floor and a simulation can never price an op two ways."""
+    the one price of a Compute actor, which the re-rank's floors (``search/sim_floor.py``,
+    ``search/deduced_floor.py``) also read, so a floor and a simulation can never price an op two ways."""
     metas = ins or outs
     dtype = compute_dtype or (metas[0].dtype if metas else None)
     rule = _moved_rule(op)
