@@ -93,7 +93,7 @@ def deduced_floor(d, hw: Hardware) -> float:
         if op.type == "acc":
             continue
         r = op.placement.rank_list[0]
-        t = _op_seconds(op, g, d.choices[op.name].signature, r, hw, device, low, cache)
+        t = local_kernel_seconds(op, g, d.choices[op.name].signature, op.placement, r, hw, device, low, cache)
         if t is None:
             return 0.0  # a layout the registry cannot localise: no floor
         compute[r] = compute.get(r, 0.0) + t * times[fires[op.name]]
@@ -117,17 +117,21 @@ def deduced_floor(d, hw: Hardware) -> float:
     return max([*compute.values(), *comm.values(), 0.0])
 
 
-def _op_seconds(op, g, sig, r: int, hw: Hardware, device: str, low: torch.dtype | None, cache: dict) -> float | None:
-    """Kernel seconds of ``op`` under ``sig`` on rank ``r``, as the simulator prices its Compute firing."""
+def local_kernel_seconds(op, g, sig, placement, r: int, hw: Hardware, device: str, low: torch.dtype | None,
+                         cache: dict) -> float | None:
+    """Kernel seconds of ``op`` of graph ``g`` under ``sig`` on rank ``r`` of ``placement``, as the simulator
+    prices its Compute firing (``kernel_seconds`` on the local shapes; a forward or backward kernel on fp32 at
+    ``low``, the step's compute dtype); None where the registry cannot localise the layout. Both re-rank
+    floors read it (``sim_floor.py``: forward ops on the search's placement)."""
     metas = tuple(g.tensors[i].meta for i in op.inputs)
-    key = (op.type, metas, freeze(op.attrs), sig, op.placement, r, op.phase)
+    key = (op.type, metas, freeze(op.attrs), sig, placement, r, op.phase, low)
     got = cache.get(key, False)
     if got is not False:
         return got
     opdef = get_op(op.type)
-    try:
-        outs = tuple(opdef.infer(list(metas), op.attrs))
-        ctx = local_context(opdef, list(metas), dict(op.attrs), sig, op.placement, r, outs)
+    try:  # the graph's output metas are its ops' inferred ones
+        ctx = local_context(opdef, list(metas), dict(op.attrs), sig, placement, r,
+                            tuple(g.tensors[o].meta for o in op.outputs))
     except (ValueError, KeyError, IndexError, TypeError):
         ctx = None
     if ctx is None:
@@ -137,6 +141,10 @@ def _op_seconds(op, g, sig, r: int, hw: Hardware, device: str, low: torch.dtype 
     lout = tuple(TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.out_blocks, ctx.out_metas))
     first = (lin or lout)[0].dtype if (lin or lout) else None
     dtype = low if low is not None and op.phase in ("forward", "backward") and first == torch.float32 else None
-    t = kernel_seconds(op.type, lin, lout, opdef.localize(dict(op.attrs), ctx), hw, device, dtype)[0]
-    cache[key] = float(t)
-    return float(t)
+    try:
+        attrs = opdef.localize(dict(op.attrs), ctx)
+    except Exception:  # noqa: BLE001 - the simulator counts such a kernel's bytes only
+        attrs = {}
+    t = float(kernel_seconds(op.type, lin, lout, attrs, hw, device, dtype)[0])
+    cache[key] = t
+    return t

@@ -27,37 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler.deduction.caches import freeze
 from ..hardware import Hardware
-from ..ops.registry import TensorMeta, get_op, local_context
-from ..sim.firing_cost import device_of, kernel_seconds
+from ..sim.firing_cost import device_of
 from .candidate import Candidate
-from .deduced_floor import deduced_floor
+from .deduced_floor import deduced_floor, local_kernel_seconds
 
 MARGIN = 0.05  # how far below its floor the simulator's 3-step window may put a step (see above), and more
-
-
-def _local_time(op, sig, graph, placement, hw: Hardware, device: str, cache: dict) -> float:
-    key = (op.type, tuple(graph.tensors[i].meta for i in op.inputs), freeze(op.attrs), sig)
-    got = cache.get(key)
-    if got is not None:
-        return got
-    d = get_op(op.type)
-    ins = [graph.tensors[i].meta for i in op.inputs]
-    outs = [graph.tensors[o].meta for o in op.outputs]
-    ctx = local_context(d, ins, dict(op.attrs), sig, placement, placement.rank_list[0])
-    if ctx is None:
-        cache[key] = 0.0
-        return 0.0
-    lin = tuple(TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.in_blocks, ins))
-    lout = tuple(TensorMeta(tuple(e - s for s, e in blk), m.dtype) for blk, m in zip(ctx.out_blocks, outs))
-    try:
-        attrs = d.localize(dict(op.attrs), ctx)
-    except Exception:  # noqa: BLE001 - the simulator counts such a kernel's bytes only
-        attrs = {}
-    t = kernel_seconds(op.type, lin, lout, attrs, hw, device)[0]
-    cache[key] = float(t)
-    return float(t)
 
 
 def sim_floor(c: Candidate, hw: Hardware, cache: dict | None = None) -> float:
@@ -74,7 +49,9 @@ def sim_floor(c: Candidate, hw: Hardware, cache: dict | None = None) -> float:
     try:
         for k, o in enumerate(pr.ops):
             s = c.stage_of_op[k] if c.stage_of_op else 0
-            per_stage[s] += _local_time(o.op, o.sigs[c.assign[k]], pr.graph, placement, view, device, cache)
+            t = local_kernel_seconds(o.op, pr.graph, o.sigs[c.assign[k]], placement, placement.rank_list[0], view,
+                                     device, None, cache)
+            per_stage[s] += t or 0.0  # a layout the registry cannot localise adds nothing
     except (ValueError, KeyError, IndexError, TypeError):  # a layout the registry cannot localise: no floor
         return 0.0
     return float(per_stage.max()) * c.micro_batches

@@ -164,8 +164,7 @@ def infer_rank_shapes(actors: list[Actor], rank: int, micro: int, batch: dict[st
         except KeyError:
             pass
         else:
-            fa = hashable_attrs(_cost_attrs(first.attrs)) if isinstance(first, Compute) else ()
-            done[first.name] = ActorShapes(ins, _outputs(first, rank, micro, batch, ins, fa, cache), fa)
+            done[first.name] = _shapes(first, rank, micro, batch, ins, cache)
             continue
         stack, entered = [first], set()
         while stack:
@@ -182,10 +181,16 @@ def infer_rank_shapes(actors: list[Actor], rank: int, micro: int, batch: dict[st
                 stack.extend(missing)
                 continue
             ins = tuple(done[r.actor].outputs[r.index] for r in a.inputs)
-            fa = hashable_attrs(_cost_attrs(a.attrs)) if isinstance(a, Compute) else ()
-            done[a.name] = ActorShapes(ins, _outputs(a, rank, micro, batch, ins, fa, cache), fa)
+            done[a.name] = _shapes(a, rank, micro, batch, ins, cache)
             stack.pop()
     return done
+
+
+def _shapes(a: Actor, rank: int, micro: int, batch: dict[str, TensorMeta], ins: tuple[TensorMeta, ...],
+            cache: dict) -> ActorShapes:
+    """``a``'s metas on ``rank`` once its inputs' are known."""
+    fa = hashable_attrs(_cost_attrs(a.attrs)) if isinstance(a, Compute) else ()
+    return ActorShapes(ins, _outputs(a, rank, micro, batch, ins, fa, cache), fa)
 
 
 def _outputs(a: Actor, rank: int, micro: int, batch: dict[str, TensorMeta],
@@ -233,12 +238,12 @@ def _same_work(a: Actor, b: Actor) -> bool:
 
 def infer_like(actors: list[Actor], like: list[Actor], like_shapes: dict[str, ActorShapes], rank: int, micro: int,
                batch: dict[str, TensorMeta], cache: dict | None = None) -> dict[str, ActorShapes]:
-    """``infer_rank_shapes`` of a rank lowered from the same representative as the rank of ``like`` (whose
-    shapes are ``like_shapes``): its actors are those, position by position, but for names, the attributes
-    that say where a piece lies and its own communication. An actor of the same type, op and attributes as its
+    """``infer_rank_shapes`` of a rank whose actors line up with those of ``like`` (whose shapes are
+    ``like_shapes``), position by position, as ranks of one plan mostly do: but for names, the attributes that
+    say where a piece lies, their own communication and shards. An actor of the same type, op and attributes as its
     counterpart, reading the same metas, makes the same: it shares its ``ActorShapes``; the rest (sources,
     receives, collectives, what reads other metas) are inferred. Why: the simulator infers one rank per alike
-    group, and the groups of one lowering differ in a few actors. Lists that do not line up, or a cycle:
+    group, and the groups of one plan differ in a few actors. Lists that do not line up, or a cycle:
     ``infer_rank_shapes``."""
     if len(actors) != len(like):
         return infer_rank_shapes(actors, rank, micro, batch, cache)
@@ -257,8 +262,7 @@ def infer_like(actors: list[Actor], like: list[Actor], like_shapes: dict[str, Ac
             if type(a) is type(b) and not isinstance(a, _OWN) and ins == sb.inputs and _same_work(a, b):
                 done[a.name] = sb
                 continue
-            fa = hashable_attrs(_cost_attrs(a.attrs)) if isinstance(a, Compute) else ()
-            done[a.name] = ActorShapes(ins, _outputs(a, rank, micro, batch, ins, fa, cache), fa)
+            done[a.name] = _shapes(a, rank, micro, batch, ins, cache)
         if len(later) == len(todo):  # no progress: a cycle or an unknown name, which the ordinary walk names
             return infer_rank_shapes(actors, rank, micro, batch, cache)
         todo = later
