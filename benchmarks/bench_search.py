@@ -18,9 +18,8 @@ wide, 1024 tokens, batch 128) on 64 H100 (``h100_ib(8)``, goal: under 30 s). The
 is printed beside them: on a shared machine the seconds grow with it, so each row also gives the
 search's own CPU seconds (it starts no other process), how many candidates the re-rank simulated, and
 how many it skipped by their floors (``search/sim_floor.py``, ``search/deduced_floor.py``). Last measured
-on a 2-core machine at a load average of 0.8-1.5: GPT-2 small 8.8 to 9.5 s of CPU in seven runs (median
-9.25; once 10.3, the first run after the test suite had kept both cores busy), 0.71 GB, 6 finalists simulated
-and 3 skipped; the 16-layer GPT on 64, 20.4 to 21.6 s in four runs, 1.33 GB, 5 simulated and 9 skipped; the
+on a 2-core machine at a load average of 0.4-1.5: GPT-2 small median 9.4 s of CPU in twenty runs (16 of
+them 8.8-9.9 s, four 10.3-11.6 s in noisy minutes), 0.71 GB, 6 finalists simulated and 3 skipped; the 16-layer GPT on 64, 20.4 to 21.6 s in four runs, 1.33 GB, 5 simulated and 9 skipped; the
 winners those of every earlier measurement (ZeRO-3 x8 at 24.26 ms, data parallel x64 at 51.72 ms). Both
 goals are met. README says what keeps the search there and where its time goes
 (``--phases``).
